@@ -1,0 +1,97 @@
+"""The long-format summary table: every number the report shows, one row each.
+
+Columns: section, arm, lag, comparison, statistic, value, ci_low, ci_high, n, note. The
+Markdown and HTML tables are pivots of this frame, so the Parquet file and the report cannot
+disagree.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from analysis.stats import Interval
+
+SUMMARY_COLUMNS = [
+    "section",
+    "arm",
+    "lag",
+    "comparison",
+    "statistic",
+    "value",
+    "ci_low",
+    "ci_high",
+    "n",
+    "note",
+]
+_DTYPES = {
+    "section": "string",
+    "arm": "string",
+    "comparison": "string",
+    "statistic": "string",
+    "lag": "Int64",
+    "value": "float64",
+    "ci_low": "float64",
+    "ci_high": "float64",
+    "n": "Int64",
+    "note": "string",
+}
+
+
+def row(
+    section: str,
+    statistic: str,
+    value: float,
+    *,
+    arm: str | None = None,
+    lag: int | None = None,
+    comparison: str | None = None,
+    ci_low: float = math.nan,
+    ci_high: float = math.nan,
+    n: int | None = None,
+    note: str = "",
+) -> dict:
+    """One summary row; `arm`/`lag`/`comparison` are None where they do not apply."""
+    return {
+        "section": section,
+        "arm": arm,
+        "lag": lag,
+        "comparison": comparison,
+        "statistic": statistic,
+        "value": float(value),
+        "ci_low": float(ci_low),
+        "ci_high": float(ci_high),
+        "n": n,
+        "note": note,
+    }
+
+
+def interval_row(
+    section: str,
+    statistic: str,
+    interval: Interval,
+    *,
+    arm: str | None = None,
+    lag: int | None = None,
+    comparison: str | None = None,
+) -> dict:
+    """A summary row from a bootstrap `Interval`."""
+    return row(
+        section,
+        statistic,
+        interval.value,
+        arm=arm,
+        lag=lag,
+        comparison=comparison,
+        ci_low=interval.low,
+        ci_high=interval.high,
+        n=interval.n,
+        note=interval.note,
+    )
+
+
+def to_frame(rows: list[dict]) -> pd.DataFrame:
+    """Rows to a frame with fixed column order and nullable dtypes (lag and n may be absent)."""
+    frame = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    return frame.astype(_DTYPES)

@@ -1,0 +1,125 @@
+"""Synthetic experiment directories in the trial runner's on-disk format, for tests and demos.
+
+Writes `root/trials/<name>/trial.json` and `metrics.parquet/part-NNNNNN.parquet` exactly as the
+learner does (one row per step, NaN where a metric was not measured), with known effects: each
+arm has a skill, each seed a shared offset (so matched seeds are correlated, as in the real
+harness), and larger lags trade a little score for throughput.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from buffer import metric_names as mn
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """What to generate. `skill` maps arm -> asymptotic pass rate at lag 0."""
+
+    experiment: str = "synthetic"
+    skill: dict[str, float] = field(default_factory=lambda: {"gspo": 0.7, "grpo": 0.6, "ppo": 0.5})
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    lags: tuple[int, ...] = (0, 1, 4)
+    steps: int = 60
+    eval_every: int = 10
+    rows_per_part: int = 25
+    seed_sd: float = 0.05  # between-seed offset shared by all arms of a seed
+    noise_sd: float = 0.02  # eval noise per measurement
+    lag_penalty: float = 0.02  # pass-rate loss per unit of lag
+    diverged: tuple[tuple[str, int, int, int], ...] = ()  # (arm, seed, lag, step it diverged)
+    failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
+    mode: str = "fixed"
+
+
+def _pass_rate(
+    spec: SyntheticSpec,
+    arm: str,
+    seed: int,
+    lag: int,
+    steps: np.ndarray,
+    *,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    offset = np.random.default_rng(1000 + seed).normal(0, spec.seed_sd)  # same for every arm
+    top = spec.skill[arm] - spec.lag_penalty * lag + offset
+    curve = 0.1 + (top - 0.1) * (1 - np.exp(-steps / (spec.steps / 4)))
+    return np.clip(curve + rng.normal(0, spec.noise_sd, len(steps)), 0, 1)
+
+
+def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: int) -> pa.Table:
+    """One trial's step rows 0..last_step with all the metrics the report reads."""
+    rng = np.random.default_rng(zlib.crc32(f"{arm}/{seed}/{lag}".encode()))  # stable across runs
+    steps = np.arange(last_step + 1)
+    evals = np.full(len(steps), np.nan)
+    is_eval = (steps % spec.eval_every == 0) | (steps == spec.steps)
+    evals[is_eval] = _pass_rate(spec, arm, seed, lag, steps[is_eval].astype(float), rng=rng)
+    step_s = 1.0 / (1.0 + 0.6 * lag) * rng.uniform(0.9, 1.1, len(steps))
+    grad = rng.lognormal(0, 0.2, len(steps))
+    grad[rng.random(len(steps)) < 0.03] *= 50  # rare spikes
+    kl = 1e-3 * (1 + lag) * rng.lognormal(0, 0.3, len(steps))
+    clip = np.clip(0.05 * (1 + 0.5 * lag) + rng.normal(0, 0.01, len(steps)), 0, 1)
+    columns = {
+        mn.STEP: pa.array(steps, pa.int64()),
+        mn.TIMESTAMP: pa.array(1.7e9 + np.cumsum(step_s), pa.float64()),
+        mn.EVAL_PASS_RATE: evals,
+        mn.REWARD_MEAN: np.clip(0.8 * np.nan_to_num(evals, nan=0.5) + 0.1, 0, 1),
+        mn.OPTIM_GRAD_NORM: grad,
+        mn.POLICY_KL_OLD: kl,
+        mn.POLICY_CLIP_FRAC: clip,
+        mn.PERF_LEARNER_STEP_S: step_s,
+        mn.PERF_LEARNER_WAIT_FRAC: np.clip(0.5 / (1 + lag) + rng.normal(0, 0.02, len(steps)), 0, 1),
+        mn.PERF_GEN_IDLE_FRAC: np.clip(0.4 / (1 + lag) + rng.normal(0, 0.02, len(steps)), 0, 1),
+    }
+    return pa.table(
+        {
+            k: pa.array(v, pa.float64()) if isinstance(v, np.ndarray) else v
+            for k, v in columns.items()
+        }
+    )
+
+
+def write_trial(trial_dir: Path, info: dict, table: pa.Table, rows_per_part: int) -> None:
+    """trial.json plus the table split into parquet part files, as the learner appends them."""
+    metrics = trial_dir / "metrics.parquet"
+    metrics.mkdir(parents=True, exist_ok=True)
+    (trial_dir / "trial.json").write_text(json.dumps(info, indent=2))
+    for i, start in enumerate(range(0, table.num_rows, rows_per_part)):
+        pq.write_table(table.slice(start, rows_per_part), metrics / f"part-{i:06d}.parquet")
+
+
+def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
+    """Write every (arm, seed, lag) trial of `spec` under `root/trials`; returns `root`."""
+    spec = spec or SyntheticSpec()
+    diverged = {(a, s, lag): step for a, s, lag, step in spec.diverged}
+    for arm in spec.skill:
+        for seed in spec.seeds:
+            for lag in spec.lags:
+                key = (arm, seed, lag)
+                status = "failed" if key in spec.failed else "completed"
+                status = "diverged" if key in diverged else status
+                last = diverged.get(key, spec.steps // 2 if status == "failed" else spec.steps)
+                name = f"{arm}-s{seed}-lag{lag}"
+                info = {
+                    "experiment": spec.experiment,
+                    "trial_name": name,
+                    "arm": arm,
+                    "objective": arm,
+                    "seed": seed,
+                    "lag": lag,
+                    "mode": spec.mode,
+                    "status": status,
+                    "diverged": status == "diverged",
+                    "diverged_reason": "non-finite grad norm" if status == "diverged" else None,
+                    "steps_planned": spec.steps,
+                }
+                table = trial_table(spec, arm, seed, lag, last)
+                write_trial(root / "trials" / name, info, table, spec.rows_per_part)
+    return root

@@ -1,0 +1,208 @@
+"""One number per trial for each quantity the report aggregates across seeds.
+
+Every statistic downstream works on these per-trial scalars (one per seed), never on raw steps,
+because seeds, not steps, are the independent replicates (Agarwal et al. 2021, sec. 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.config import ReportConfig
+from analysis.loading import Experiment
+from buffer import metric_names as mn
+
+SCORE_COLUMNS = [
+    "final_score",
+    "auc",
+    "n_evals",
+    "time_to_threshold",
+    "reached_threshold",
+    "steps_per_s",
+    "learner_wait_frac",
+    "gen_idle_frac",
+    "grad_spike_rate",
+    "max_kl_old",
+    "clip_frac_mean",
+]
+
+
+def eval_curve(trial: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, pass rates) of the rows where `eval/pass_rate` was measured."""
+    if mn.EVAL_PASS_RATE not in trial.columns:
+        return np.array([], dtype=float), np.array([], dtype=float)
+    rows = trial[np.isfinite(trial[mn.EVAL_PASS_RATE].to_numpy(dtype=float))]
+    return rows[mn.STEP].to_numpy(dtype=float), rows[mn.EVAL_PASS_RATE].to_numpy(dtype=float)
+
+
+def final_score(values: np.ndarray, last_k: int) -> float:
+    """Mean of the last `last_k` evals (fewer if the trial has fewer); NaN with none."""
+    return float(np.mean(values[-last_k:])) if len(values) else math.nan
+
+
+def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
+    """Trapezoid area under the eval curve divided by its step span: the mean pass rate.
+
+    Normalising by the span makes trials of different lengths comparable on the pass-rate
+    scale; a single eval is its own mean.
+    """
+    if len(values) == 0:
+        return math.nan
+    span = steps[-1] - steps[0]
+    if span <= 0:
+        return float(values[-1])
+    return float(np.trapezoid(values, steps) / span)
+
+
+def time_to_threshold(
+    steps: np.ndarray, values: np.ndarray, threshold: float
+) -> tuple[float, bool]:
+    """(first eval step with pass rate >= threshold, True) or (last eval step, False = censored)."""
+    hit = np.flatnonzero(values >= threshold)
+    if len(hit):
+        return float(steps[hit[0]]), True
+    return (float(steps[-1]) if len(steps) else math.nan), False
+
+
+def learner_steps_per_s(trial: pd.DataFrame) -> float:
+    """1 / median `perf/learner_step_s`; else steps per second of wall time between rows.
+
+    The median resists the first step's compile/warm-up time dominating the rate.
+    """
+    if mn.PERF_LEARNER_STEP_S in trial.columns:
+        step_s = trial[mn.PERF_LEARNER_STEP_S].to_numpy(dtype=float)
+        step_s = step_s[np.isfinite(step_s) & (step_s > 0)]
+        if len(step_s):
+            return float(1.0 / np.median(step_s))
+    stamps = trial[[mn.STEP, mn.TIMESTAMP]].dropna()
+    if len(stamps) < 2:
+        return math.nan
+    wall = stamps[mn.TIMESTAMP].iloc[-1] - stamps[mn.TIMESTAMP].iloc[0]
+    steps = stamps[mn.STEP].iloc[-1] - stamps[mn.STEP].iloc[0]
+    return float(steps / wall) if wall > 0 else math.nan
+
+
+def detect_spikes(grad_norm: np.ndarray, factor: float, window: int) -> np.ndarray:
+    """Boolean per step: grad norm > factor x median of the previous `window` finite norms.
+
+    A trailing median (not mean) so one spike does not raise the bar for the next; the first
+    step has no history and is never a spike. Infinite norms count as spikes (design sec. 9
+    treats them as divergence events); NaN means "not measured" and is dropped by the caller.
+    """
+    spikes = np.zeros(len(grad_norm), dtype=bool)
+    for i in range(1, len(grad_norm)):
+        if not np.isfinite(grad_norm[i]):
+            spikes[i] = True
+            continue
+        history = grad_norm[max(0, i - window) : i]
+        history = history[np.isfinite(history)]
+        spikes[i] = len(history) > 0 and grad_norm[i] > factor * np.median(history)
+    return spikes
+
+
+def grad_spike_rate(trial: pd.DataFrame, factor: float, window: int) -> float:
+    """Spikes per learner step, from `optim/grad_spikes` if logged, else detected from norms."""
+    if mn.OPTIM_GRAD_SPIKES in trial.columns:
+        counts = trial[mn.OPTIM_GRAD_SPIKES].to_numpy(dtype=float)
+        counts = counts[np.isfinite(counts)]
+        if len(counts):
+            return float(counts.sum() / len(counts))
+    if mn.OPTIM_GRAD_NORM not in trial.columns:
+        return math.nan
+    norms = trial[mn.OPTIM_GRAD_NORM].to_numpy(dtype=float)
+    measured = norms[~np.isnan(norms)]
+    if len(measured) == 0:
+        return math.nan
+    return float(detect_spikes(measured, factor, window).mean())
+
+
+def _reduce(trial: pd.DataFrame, column: str, how: str) -> float:
+    if column not in trial.columns:
+        return math.nan
+    values = trial[column].to_numpy(dtype=float)
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return math.nan
+    return float(values.max() if how == "max" else values.mean())
+
+
+def score_trial(trial: pd.DataFrame, config: ReportConfig) -> dict[str, float]:
+    """All per-trial scalars of one trial's step table (see SCORE_COLUMNS)."""
+    steps, values = eval_curve(trial)
+    t_hit, reached = time_to_threshold(steps, values, config.pass_threshold)
+    return {
+        "final_score": final_score(values, config.last_k_evals),
+        "auc": area_under_curve(steps, values),
+        "n_evals": float(len(values)),
+        "time_to_threshold": t_hit,
+        "reached_threshold": float(reached),
+        "steps_per_s": learner_steps_per_s(trial),
+        "learner_wait_frac": _reduce(trial, mn.PERF_LEARNER_WAIT_FRAC, "mean"),
+        "gen_idle_frac": _reduce(trial, mn.PERF_GEN_IDLE_FRAC, "mean"),
+        "grad_spike_rate": grad_spike_rate(trial, config.spike_factor, config.spike_window),
+        "max_kl_old": _reduce(trial, mn.POLICY_KL_OLD, "max"),
+        "clip_frac_mean": _reduce(trial, mn.POLICY_CLIP_FRAC, "mean"),
+    }
+
+
+def condition_labels(trials: pd.DataFrame) -> pd.Series:
+    """Arm label per trial; `arm (mode)` when an experiment mixes staleness modes.
+
+    Fixed and bounded staleness are different treatments, so mixing them in one (arm, lag)
+    cell would average incomparable runs.
+    """
+    if trials["mode"].nunique() > 1:
+        return trials["arm"] + " (" + trials["mode"] + ")"
+    return trials["arm"].copy()
+
+
+def score_trials(experiment: Experiment, config: ReportConfig) -> pd.DataFrame:
+    """One row per trial: identity, `scored` flag, and SCORE_COLUMNS.
+
+    `scored` marks trials whose scores enter the across-seed statistics: completed trials, and
+    diverged ones unless `config.diverged_scores == "exclude"`; running or failed trials never.
+    """
+    trials = experiment.trials.copy()
+    if trials.empty:
+        return pd.DataFrame(columns=[*trials.columns, "scored", *SCORE_COLUMNS])
+    trials["arm"] = condition_labels(trials)
+    by_trial = dict(tuple(experiment.metrics.groupby("trial_name", sort=False)))
+    rows = []
+    for name in trials["trial_name"]:
+        frame = by_trial.get(name)
+        if frame is None:
+            rows.append(dict.fromkeys(SCORE_COLUMNS, math.nan))
+        else:
+            rows.append(score_trial(frame, config))
+    scores = pd.DataFrame(rows, columns=SCORE_COLUMNS, index=trials.index)
+    completed = trials["status"].eq("completed") & ~trials["diverged"]
+    diverged_ok = trials["diverged"] & (config.diverged_scores == "last_evals")
+    trials["scored"] = (completed | diverged_ok) & scores["n_evals"].gt(0)
+    return pd.concat([trials, scores], axis=1)
+
+
+def finished(scores: pd.DataFrame) -> pd.DataFrame:
+    """Trials that ran to an end (completed or diverged); stability statistics use these."""
+    return scores[scores["status"].eq("completed") | scores["diverged"]]
+
+
+def by_condition(scores: pd.DataFrame, column: str) -> dict[tuple[str, int], np.ndarray]:
+    """{(arm, lag): finite values of `column` across seeds} for the given trial rows."""
+    out = {}
+    for (arm, lag), group in scores.groupby(["arm", "lag"], sort=True):
+        values = group[column].to_numpy(dtype=float)
+        out[(str(arm), int(lag))] = values[np.isfinite(values)]
+    return out
+
+
+def matched(scores: pd.DataFrame, column: str, arm_x: str, arm_y: str, lag: int) -> pd.DataFrame:
+    """Per-seed values of two arms at one lag, inner-joined on seed (columns x, y)."""
+    at_lag = scores[scores["lag"] == lag]
+    # A seed run twice in one cell (a rerun under a new trial name) counts once, averaged.
+    x = at_lag[at_lag["arm"] == arm_x].groupby("seed")[column].mean().rename("x")
+    y = at_lag[at_lag["arm"] == arm_y].groupby("seed")[column].mean().rename("y")
+    pairs = pd.concat([x, y], axis=1, join="inner").dropna()
+    return pairs.sort_index()

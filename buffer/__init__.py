@@ -1,0 +1,1 @@
+"""Rollout buffer: Arrow record schema, Redis streams, staleness admission, policy versions."""

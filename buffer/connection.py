@@ -1,0 +1,183 @@
+"""Redis connections and the key layout of one run.
+
+Every key of a run lives under `gspo:{run_id}:` so trials sharing one Redis never see each other's
+data and a finished run can be removed by prefix. Clients are created with `decode_responses=False`:
+payloads are Arrow bytes, and nothing received is ever unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+DEFAULT_SOCKET_TIMEOUT_S = 30.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+
+
+class BufferConnectionError(ConnectionError):
+    """Redis could not be reached or refused us; the message names the URL (password hidden)."""
+
+
+def redact(url: str) -> str:
+    """The URL with its password replaced by ***, safe for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def connect(
+    url: str,
+    tls_ca_file: str | None = None,
+    *,
+    socket_timeout_s: float = DEFAULT_SOCKET_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> redis.Redis:
+    """A checked client for `url` (redis:// or rediss://); PINGs once so a bad URL fails here.
+
+    `socket_timeout_s` bounds every command, so it must exceed the longest server-side BLOCK we
+    issue (the buffer blocks for at most 1 s per call). `tls_ca_file` has no effect on redis://.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in ("redis", "rediss"):
+        raise ValueError(
+            f"buffer.redis_url {redact(url)!r} must start with redis:// or rediss:// "
+            "(e.g. redis://:PASSWORD@host:6379/0)"
+        )
+    options: dict[str, object] = {
+        "decode_responses": False,
+        "socket_timeout": socket_timeout_s,
+        "socket_connect_timeout": connect_timeout_s,
+        "health_check_interval": 30,
+    }
+    if scheme == "rediss" and tls_ca_file is not None:
+        options["ssl_ca_certs"] = tls_ca_file
+    client = redis.Redis.from_url(url, **options)
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise BufferConnectionError(
+            f"Redis at {redact(url)} refused our credentials ({exc}); put the server's "
+            "requirepass in the URL as redis://:PASSWORD@host:port/db"
+        ) from exc
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        client.close()
+        raise BufferConnectionError(
+            f"cannot reach Redis at {redact(url)} within {connect_timeout_s} s ({exc}); check "
+            "that redis-server runs there, the port, and for rediss:// the CA file"
+        ) from exc
+    return client
+
+
+def delete_run(client: redis.Redis, keys: RunKeys) -> int:
+    """Remove every key of one run (a fresh trial reusing a run id); returns how many."""
+    doomed = list(client.scan_iter(match=f"{keys.prefix}*", count=1000))
+    for start in range(0, len(doomed), 1000):
+        client.unlink(*doomed[start : start + 1000])
+    return len(doomed)
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """Names of every Redis key one run uses (one place, so no module invents its own)."""
+
+    run_id: str
+
+    def __post_init__(self) -> None:
+        if not _RUN_ID.match(self.run_id):
+            raise ValueError(
+                f"run id {self.run_id!r} must be 1-128 characters of letters, digits, '.', '_' "
+                "or '-' (it becomes part of Redis key names)"
+            )
+
+    def _key(self, name: str) -> str:
+        return f"gspo:{self.run_id}:{name}"
+
+    @property
+    def prefix(self) -> str:
+        """Prefix of all keys of this run (for SCAN MATCH prefix*)."""
+        return self._key("")
+
+    @property
+    def stream(self) -> str:
+        """Stream of rollout groups (one entry per group)."""
+        return self._key("rollouts")
+
+    @property
+    def reservations(self) -> str:
+        """Sorted set of push reservations (token -> expiry ms) counted against max_depth."""
+        return self._key("reservations")
+
+    consumer_group = "learner"  # the one consumer group of the rollout stream
+
+    @property
+    def dead_letter(self) -> str:
+        """Stream of rejected messages with their reason."""
+        return self._key("dead")
+
+    @property
+    def trained(self) -> str:
+        """Set of group ids already trained (exactly-once training)."""
+        return self._key("trained")
+
+    @property
+    def counters(self) -> str:
+        """Hash of run counters: dead_letter, dropped_stale, duplicate."""
+        return self._key("counters")
+
+    @property
+    def ticket_next(self) -> str:
+        """Next never-issued ticket number."""
+        return self._key("tickets:next")
+
+    @property
+    def ticket_leases(self) -> str:
+        """Sorted set ticket -> lease expiry (ms, Redis clock) of issued, unfinished tickets."""
+        return self._key("tickets:leases")
+
+    @property
+    def ticket_owners(self) -> str:
+        """Hash ticket -> generator id holding its lease."""
+        return self._key("tickets:owners")
+
+    @property
+    def ticket_lease_ms(self) -> str:
+        """Lease length (ms) the dispenser uses; read by the push script to renew leases."""
+        return self._key("tickets:lease_ms")
+
+    @property
+    def stop(self) -> str:
+        """Flag asking generators to stop after their current group."""
+        return self._key("stop")
+
+    @property
+    def version(self) -> str:
+        """Current (latest published) policy version."""
+        return self._key("version")
+
+    @property
+    def version_locations(self) -> str:
+        """Hash policy version -> weight location."""
+        return self._key("versions")
+
+    @property
+    def version_channel(self) -> str:
+        """Pub/sub channel announcing each published version."""
+        return self._key("version_notices")
+
+    @property
+    def generators(self) -> str:
+        """Set of generator ids that reported telemetry."""
+        return self._key("generators")
+
+    def telemetry(self, generator_id: str) -> str:
+        """Hash of one generator's counters."""
+        return self._key(f"telemetry:{generator_id}")

@@ -1,0 +1,296 @@
+"""The rollout buffer of one run: producers push groups, the learner takes and commits them.
+
+One Redis stream per run (`gspo:{run_id}:rollouts`) with one consumer group. Delivery is
+at-least-once (an entry stays pending until the learner commits its step) and training is
+exactly-once: `commit` records the group ids as trained in the same MULTI as the ack, the learner
+also keeps them in its checkpoint (restore them with `mark_trained` on resume), and a group whose
+id is already trained or held is acked as a duplicate, never delivered.
+
+Depth = stream length: settled entries are deleted (XACK + XDEL), so the stream holds exactly the
+unconsumed plus the read-but-unacked groups. Producers block while depth >= max_depth and fail
+with BufferFullError after push_timeout_s; nothing is ever trimmed.
+
+Fixed staleness (`take_batch`) returns the groups of one batch index whatever their arrival order.
+Early arrivals of later batches are stashed in memory while staying pending in Redis, so a
+restarted learner gets them back from its pending list. The stash is bounded by max_depth, which
+must therefore be >= (lag + 1) * prompts_per_step or the learner could wait on groups that cannot
+be pushed. Bounded staleness (`take`) returns groups in arrival order and drops (acks and counts)
+those older than max_lag versions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import redis
+
+from buffer.config import BufferConfig
+from buffer.connection import RunKeys, delete_run
+from buffer.inbox import Delivery, Inbox, settle
+from buffer.outbox import BufferFullError, Outbox
+from buffer.schema import RolloutGroup
+from buffer.telemetry import DEAD_LETTER, DROPPED_STALE, Telemetry, read_counter
+from buffer.tickets import request_stop, stop_requested
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BufferFullError", "Delivery", "RolloutBuffer", "TakeResult"]
+
+
+@dataclass(frozen=True)
+class TakeResult:
+    """Bounded mode: the groups to train, and how many stale ones this call dropped."""
+
+    deliveries: list[Delivery]
+    dropped_stale: int
+
+
+class RolloutSink(Protocol):
+    """What a generator needs."""
+
+    def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str: ...
+
+
+class RolloutSource(Protocol):
+    """What a learner needs."""
+
+    def take_batch(
+        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
+    ) -> list[Delivery]: ...
+
+    def take(
+        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
+    ) -> TakeResult: ...
+
+    def commit(self, deliveries: Iterable[Delivery]) -> None: ...
+
+
+@dataclass
+class _ConsumerState:
+    inbox: Inbox
+    stash: dict[int, dict[str, Delivery]] = field(default_factory=dict)  # fixed: batch -> group
+    taken: dict[int, list[Delivery]] = field(default_factory=dict)  # fixed: returned, unsettled
+    floor: int = 0  # fixed: highest batch index requested so far
+    ready: deque[Delivery] = field(default_factory=deque)  # bounded: read, not yet returned
+
+
+class RolloutBuffer:
+    """Producer and consumer side of one run's buffer (cheap to create; holds no thread)."""
+
+    def __init__(self, client: redis.Redis, run_id: str, config: BufferConfig | None = None):
+        self._client = client
+        self._keys = RunKeys(run_id)
+        self._config = config or BufferConfig()
+        self._outbox = Outbox(client, self._keys, self._config)
+        self._telemetry = Telemetry(client, run_id)
+        self._consumers: dict[str, _ConsumerState] = {}
+        self._ensure_group()
+
+    def _ensure_group(self) -> None:
+        """Create the stream's consumer group from id 0 (entries pushed earlier are kept)."""
+        k = self._keys
+        try:
+            self._client.xgroup_create(k.stream, k.consumer_group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    @property
+    def run_id(self) -> str:
+        return self._keys.run_id
+
+    # ---- producer -----------------------------------------------------------------------------
+
+    def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str:
+        """Append one group; completes `ticket` atomically with it. Returns the entry id.
+
+        Blocks with backoff while depth >= max_depth, renewing the ticket's lease meanwhile, and
+        raises BufferFullError after push_timeout_s. The encoded size is checked against
+        max_message_bytes (RecordError) before anything is sent.
+        """
+        return self._outbox.push(group, batch_index, ticket)
+
+    def depth(self) -> int:
+        """Groups unconsumed or read-but-unacked (the stream's length)."""
+        return int(self._client.xlen(self._keys.stream))
+
+    # ---- consumer -----------------------------------------------------------------------------
+
+    def take_batch(
+        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
+    ) -> list[Delivery]:
+        """Fixed mode: exactly the `n_groups` distinct groups of `batch_index`, by prompt index.
+
+        Calling it again for a batch not yet committed returns the same deliveries (a retried
+        step). Raises TimeoutError naming the batch and what arrived if it is not complete in time.
+        """
+        state = self._state(consumer)
+        if batch_index in state.taken:
+            return list(state.taken[batch_index])
+        state.floor = max(state.floor, batch_index)
+        self._drop_late(state)
+        deadline = time.monotonic() + timeout_s
+        while len(state.stash.get(batch_index, {})) < n_groups:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._batch_timeout(state, batch_index, n_groups, timeout_s)
+            for delivery in state.inbox.fetch(n_groups, remaining):
+                self._stash(state, delivery)
+        bucket = state.stash.pop(batch_index)
+        ordered = sorted(bucket.values(), key=lambda d: (d.group.prompt_index, d.group.group_id))
+        chosen, extra = ordered[:n_groups], ordered[n_groups:]
+        if extra:
+            log.warning(
+                "run %s: %d extra group(s) for batch %d dropped",
+                self.run_id,
+                len(extra),
+                batch_index,
+            )
+            state.inbox.drop(extra, DROPPED_STALE)
+        state.taken[batch_index] = chosen
+        return list(chosen)
+
+    def take(
+        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
+    ) -> TakeResult:
+        """Bounded mode: the next `n_groups` groups in arrival order with lag <= max_lag.
+
+        Lag = learner_version - policy_version; staler groups are acked, counted in the run's
+        dropped_stale counter and reported in the result. On TimeoutError the groups already
+        read are kept, in order, for the next call.
+        """
+        state = self._state(consumer)
+        chosen: list[Delivery] = []
+        stale: list[Delivery] = []
+        deadline = time.monotonic() + timeout_s
+        try:
+            while len(chosen) < n_groups:
+                if state.ready:
+                    delivery = state.ready.popleft()
+                    lag = learner_version - delivery.policy_version
+                    (stale if lag > max_lag else chosen).append(delivery)
+                    continue
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"run {self.run_id!r}: only {len(chosen)} of {n_groups} groups with lag "
+                        f"<= {max_lag} arrived within {timeout_s} s (learner version "
+                        f"{learner_version}); are generators running and admitted?"
+                    )
+                state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining))
+        except BaseException:
+            state.ready.extendleft(reversed(chosen))  # keep them, in order, for the next call
+            raise
+        finally:
+            if stale:
+                state.inbox.drop(stale, DROPPED_STALE)
+        return TakeResult(chosen, len(stale))
+
+    def commit(self, deliveries: Iterable[Delivery]) -> None:
+        """After the step is committed: mark the groups trained and ack them, in one MULTI."""
+        deliveries = list(deliveries)
+        self._settle(
+            [d.entry_id for d in deliveries],
+            trained_group_ids=[d.group.group_id for d in deliveries],
+        )
+
+    def ack(self, entry_ids: Iterable[str]) -> None:
+        """Ack (and delete) entries without marking them trained; prefer `commit`."""
+        self._settle(list(entry_ids))
+
+    def mark_trained(self, group_ids: Iterable[str]) -> None:
+        """Record group ids as trained, e.g. restored from a checkpoint when the learner resumes."""
+        ids = list(group_ids)
+        if ids:
+            self._client.sadd(self._keys.trained, *ids)
+
+    def is_trained(self, group_id: str) -> bool:
+        return bool(self._client.sismember(self._keys.trained, group_id))
+
+    def dead_letter_count(self) -> int:
+        """Messages sent to the dead letter (exported as buffer/dead_letter)."""
+        return read_counter(self._client, self._keys, DEAD_LETTER)
+
+    def dropped_stale_count(self) -> int:
+        """Groups dropped for exceeding max_lag (exported as buffer/dropped_stale)."""
+        return read_counter(self._client, self._keys, DROPPED_STALE)
+
+    # ---- run control and telemetry (thin delegations, so one object serves a component) ------
+
+    def request_stop(self) -> None:
+        """Ask the run's generators to stop (same flag as TicketDispenser.request_stop)."""
+        request_stop(self._client, self._keys)
+
+    def stop_requested(self) -> bool:
+        return stop_requested(self._client, self._keys)
+
+    def report_generator_stats(self, generator_id: str, figures: Mapping[str, float]) -> None:
+        """A generator's perf/* figures (see Telemetry.report)."""
+        self._telemetry.report(generator_id, figures)
+
+    def generator_stats(self) -> dict[str, dict[str, float]]:
+        """Every generator's latest figures, by generator id (see Telemetry.generators)."""
+        return self._telemetry.generators()
+
+    def delete_run(self) -> int:
+        """Delete all of the run's keys (a fresh trial), then recreate the empty stream."""
+        removed = delete_run(self._client, self._keys)
+        self._consumers.clear()
+        self._ensure_group()
+        return removed
+
+    # ---- internals ----------------------------------------------------------------------------
+
+    def _state(self, consumer: str) -> _ConsumerState:
+        if consumer not in self._consumers:
+            inbox = Inbox(self._client, self._keys, consumer, self._config)
+            self._consumers[consumer] = _ConsumerState(inbox)
+        return self._consumers[consumer]
+
+    def _settle(self, entry_ids: list[str], trained_group_ids: list[str] | None = None) -> None:
+        settle(self._client, self._keys, entry_ids, trained_group_ids=trained_group_ids or ())
+        settled = set(entry_ids)
+        for state in self._consumers.values():
+            state.inbox.release(entry_ids)
+            for batch, taken in list(state.taken.items()):
+                state.taken[batch] = [d for d in taken if d.entry_id not in settled]
+                if not state.taken[batch]:
+                    del state.taken[batch]
+            state.ready = deque(d for d in state.ready if d.entry_id not in settled)
+
+    def _stash(self, state: _ConsumerState, delivery: Delivery) -> None:
+        batch = delivery.batch_index
+        if batch < state.floor or batch in state.taken:
+            log.warning(
+                "run %s: group %s arrived for batch %d after it was taken; dropped",
+                self.run_id, delivery.group.group_id, batch,
+            )  # fmt: skip
+            state.inbox.drop([delivery], DROPPED_STALE)
+            return
+        state.stash.setdefault(batch, {})[delivery.group.group_id] = delivery
+
+    def _drop_late(self, state: _ConsumerState) -> None:
+        late = [b for b in state.stash if b < state.floor]
+        for batch in late:
+            state.inbox.drop(list(state.stash.pop(batch).values()), DROPPED_STALE)
+
+    def _batch_timeout(
+        self, state: _ConsumerState, batch_index: int, n_groups: int, timeout_s: float
+    ) -> TimeoutError:
+        have = len(state.stash.get(batch_index, {}))
+        stashed = sum(len(b) for b in state.stash.values())
+        hint = "are generators running and has the version they wait for been published?"
+        if stashed >= self._config.max_depth:
+            hint = (
+                f"the stash holds {stashed} groups of later batches = buffer.max_depth; raise "
+                "max_depth to at least (lag + 1) * prompts_per_step"
+            )
+        return TimeoutError(
+            f"run {self.run_id!r}: batch {batch_index} has {have} of {n_groups} groups after "
+            f"{timeout_s} s; {hint}"
+        )

@@ -1,0 +1,214 @@
+"""An embedded redis-server for local runs: loopback only, random password, AOF as configured.
+
+The password is handed to redis-server on stdin (`redis-server -`), never on the command line, so
+other local users cannot read it from the process list. The server never outlives us: it is
+stopped on context exit and at interpreter exit (atexit), and on Linux the kernel sends it SIGTERM
+when the process that started it dies (PR_SET_PDEATHSIG), which covers SIGKILL of the parent.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from buffer.config import AppendFsync
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: ask the kernel for SIGTERM when the parent dies."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class EmbeddedRedis:
+    """A private redis-server on 127.0.0.1; use as a context manager, connect with `.url`."""
+
+    def __init__(
+        self,
+        data_dir: Path | str,
+        appendfsync: AppendFsync = "everysec",
+        *,
+        start_timeout_s: float = 10.0,
+    ):
+        if appendfsync not in ("always", "everysec", "off"):
+            raise ValueError(f"appendfsync={appendfsync!r}: use 'always', 'everysec' or 'off'")
+        self.data_dir = Path(data_dir)
+        self.appendfsync = appendfsync
+        self.password = secrets.token_hex(24)
+        self.port: int | None = None
+        self._start_timeout_s = start_timeout_s
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError("EmbeddedRedis has not been started; use `with EmbeddedRedis(...)`")
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The redis-server process (None when stopped)."""
+        return self._process
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def __enter__(self) -> EmbeddedRedis:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Start (on the previous port after a stop, else on a free one) and wait for PING."""
+        if self._process is not None and self._process.poll() is None:
+            return
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise FileNotFoundError(
+                "redis-server is not on PATH; install Debian's redis-server "
+                "(apt-get install redis-server) or set buffer.redis_url to a running Redis"
+            )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        fixed_port = self.port is not None
+        for _attempt in range(3):  # a free port can be taken between probing and binding
+            self.port = self.port if fixed_port else _free_port()
+            self._process = self._spawn(binary)
+            if self._wait_until_ready():
+                atexit.register(self.stop)
+                return
+            self._reap()
+            if fixed_port:
+                break
+        raise RuntimeError(
+            f"redis-server did not answer on 127.0.0.1:{self.port} within "
+            f"{self._start_timeout_s} s; its log {self.log_file} ends with:\n{self._log_tail()}"
+        )
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SHUTDOWN (which fsyncs the AOF), then SIGTERM, then SIGKILL; idempotent."""
+        atexit.unregister(self.stop)
+        process = self._process
+        if process is None:
+            return
+        if process.poll() is None:
+            with contextlib.suppress(redis.RedisError):  # not answering: signals below
+                self._client().shutdown()
+            try:
+                process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                process.terminate()
+                with contextlib.suppress(subprocess.TimeoutExpired):  # else _reap kills it
+                    process.wait(timeout=timeout_s)
+        self._reap()
+
+    def kill(self) -> None:
+        """SIGKILL the server, as a crash would (tests of AOF durability use it)."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def restart(self) -> None:
+        """Stop if running, then start on the same port, password and data dir (reloads the AOF)."""
+        self.stop()
+        self.start()
+
+    def _config(self) -> str:
+        lines = [
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            f"port {self.port}",
+            f"requirepass {self.password}",
+            f'dir "{self.data_dir.resolve()}"',
+            f'logfile "{self.log_file.resolve()}"',
+            'save ""',
+            "daemonize no",
+            "loglevel notice",
+        ]
+        if self.appendfsync == "off":
+            lines.append("appendonly no")
+        else:
+            lines += ["appendonly yes", f"appendfsync {self.appendfsync}"]
+        return "\n".join(lines) + "\n"
+
+    def _spawn(self, binary: str) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [binary, "-"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads run between fork and exec
+            start_new_session=True,  # a Ctrl-C to our terminal must not kill Redis before us
+        )
+        assert process.stdin is not None
+        process.stdin.write(self._config().encode())
+        process.stdin.close()
+        return process
+
+    def _client(self) -> redis.Redis:
+        # No retries: after SHUTDOWN the connection drops by design, and a retrying client would
+        # spend seconds reconnecting to a server that is gone.
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            password=self.password,
+            socket_timeout=5,
+            retry=Retry(NoBackoff(), 0),
+        )
+
+    def _wait_until_ready(self) -> bool:
+        deadline = time.monotonic() + self._start_timeout_s
+        assert self._process is not None
+        while time.monotonic() < deadline and self._process.poll() is None:
+            try:
+                with self._client() as client:
+                    if client.ping():
+                        return True
+            except (redis.ConnectionError, redis.BusyLoadingError):
+                time.sleep(0.02)
+        return False
+
+    def _reap(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+    def _log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log written)"

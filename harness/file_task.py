@@ -1,0 +1,177 @@
+"""The `file` task: user prompt sets from Parquet or JSONL, in the column convention of verl.
+
+Columns read:
+- `prompt`: a string, or a chat as a list of `{"role", "content"}` messages (verl's data files).
+  A chat becomes the contents of its messages joined by newlines; no chat template is applied,
+  because the harness tokenizes prompt text as-is (`tokenizer.encode_prompt`).
+- `ground_truth`, or else verl's `reward_model` struct with a `ground_truth` key. Non-string
+  values (numbers, lists) are converted to text: str() for numbers, JSON for anything else.
+- `split` (optional): `train` rows form the training stream, `eval`/`test`/`validation` rows the
+  held-out split, in file order. Without a `split` column the last `eval_size` rows are held out.
+
+Training rows whose prompt text also occurs in the held-out split are dropped, so the split never
+overlaps training even when a file repeats prompts. The training stream indexes the remaining
+rows through a per-epoch permutation drawn from `default_rng([TRAIN_STREAM, seed, epoch, salt])`:
+index i is row perm_epoch[i mod n] with epoch = i // n, a pure function of (seed, index).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.tasks import TRAIN_STREAM, Prompt
+
+TRAIN_SPLIT = "train"
+EVAL_SPLITS = frozenset({"eval", "test", "validation"})
+_FILE_SALT = zlib.crc32(b"file")
+# Streams are read roughly in index order, so a few cached epoch permutations suffice.
+_PERMUTATIONS_KEPT = 8
+
+
+@dataclass(frozen=True)
+class Row:
+    """One prompt of a file, before it is placed in a stream."""
+
+    text: str
+    ground_truth: str
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    """Read Parquet (`.parquet`) or JSON lines (`.jsonl`, `.json` holding one object per line)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"task.path {path} does not exist or is not a file")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pd.read_parquet(path)
+    if suffix in (".jsonl", ".json"):
+        return pd.read_json(path, lines=True, dtype=False)
+    raise ValueError(f"task.path {path}: unsupported suffix {suffix!r}; use .parquet or .jsonl")
+
+
+def prompt_text(value: Any, where: str) -> str:
+    """A prompt cell as text: a string as-is, a chat's message contents joined by newlines."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple | np.ndarray):
+        try:
+            return "\n".join(str(message["content"]) for message in value)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"{where}: a chat prompt must be a list of {{role, content}}") from exc
+    raise ValueError(f"{where}: prompt must be a string or a list of messages, got {type(value)}")
+
+
+def truth_text(value: Any) -> str:
+    """A ground-truth cell as text (numbers via str, other non-strings as JSON)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float | np.integer | np.floating):
+        return str(value.item() if isinstance(value, np.generic) else value)
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    return json.dumps(value, sort_keys=True)
+
+
+def _ground_truths(frame: pd.DataFrame, path: Path) -> list[Any]:
+    if "ground_truth" in frame.columns:
+        return list(frame["ground_truth"])
+    if "reward_model" in frame.columns:
+        return [cell["ground_truth"] for cell in frame["reward_model"]]
+    raise ValueError(
+        f"task.path {path}: needs a `ground_truth` column (or verl's `reward_model` with a "
+        f"`ground_truth` key); columns are {list(frame.columns)}"
+    )
+
+
+def read_rows(path: Path) -> tuple[list[Row], list[str] | None]:
+    """All rows of the file, and the `split` column if it has one."""
+    frame = read_table(path)
+    if "prompt" not in frame.columns:
+        raise ValueError(f"task.path {path}: no `prompt` column; columns are {list(frame.columns)}")
+    truths = _ground_truths(frame, path)
+    rows = [
+        Row(prompt_text(value, f"{path} row {i}"), truth_text(truth))
+        for i, (value, truth) in enumerate(zip(frame["prompt"], truths, strict=True))
+    ]
+    splits = [str(s) for s in frame["split"]] if "split" in frame.columns else None
+    return rows, splits
+
+
+def split_rows(
+    rows: list[Row], splits: list[str] | None, eval_size: int, path: Path
+) -> tuple[list[Row], list[Row]]:
+    """(train, eval) rows: by the `split` column, else the last `eval_size` rows are eval."""
+    if splits is None:
+        if eval_size >= len(rows):
+            raise ValueError(
+                f"task.path {path} has {len(rows)} rows, too few to hold out task.eval_size="
+                f"{eval_size} and still train; lower task.eval_size or add a `split` column"
+            )
+        train, held_out = rows[: len(rows) - eval_size], rows[len(rows) - eval_size :]
+    else:
+        unknown = sorted(set(splits) - EVAL_SPLITS - {TRAIN_SPLIT})
+        if unknown:
+            raise ValueError(
+                f"task.path {path}: unknown split values {unknown}; use `train` or one of "
+                f"{sorted(EVAL_SPLITS)}"
+            )
+        train = [row for row, s in zip(rows, splits, strict=True) if s == TRAIN_SPLIT]
+        held_out = [row for row, s in zip(rows, splits, strict=True) if s in EVAL_SPLITS]
+    eval_texts = {row.text for row in held_out}
+    train = [row for row in train if row.text not in eval_texts]
+    if not train:
+        raise ValueError(f"task.path {path}: no training rows left after holding out the eval set")
+    return train, held_out
+
+
+class FileTask:
+    """Prompts read from a file; see the module docstring for the split and stream rules."""
+
+    name = "file"
+
+    def __init__(self, train_rows: list[Row], eval_rows: list[Row], source: str) -> None:
+        self._train = train_rows
+        self._eval = eval_rows
+        self.source = source
+        self._permutations: dict[tuple[int, int], np.ndarray] = {}
+
+    @classmethod
+    def from_path(cls, path: str | Path, eval_size: int) -> FileTask:
+        path = Path(path).expanduser()
+        rows, splits = read_rows(path)
+        train, held_out = split_rows(rows, splits, eval_size, path)
+        return cls(train, held_out, str(path))
+
+    @property
+    def num_train(self) -> int:
+        return len(self._train)
+
+    def train_prompt(self, seed: int, index: int) -> Prompt:
+        if seed < 0 or index < 0:
+            raise ValueError(f"seed={seed} and index={index} must be >= 0")
+        epoch, position = divmod(index, len(self._train))
+        row = self._train[int(self._permutation(seed, epoch)[position])]
+        return Prompt(index=index, text=row.text, ground_truth=row.ground_truth)
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        if n > len(self._eval):
+            raise ValueError(
+                f"task file {self.source}: {n} eval prompts asked, the held-out split has "
+                f"{len(self._eval)}; lower task.eval_size or add eval rows"
+            )
+        return [Prompt(i, row.text, row.ground_truth) for i, row in enumerate(self._eval[:n])]
+
+    def _permutation(self, seed: int, epoch: int) -> np.ndarray:
+        key = (seed, epoch)
+        if key not in self._permutations:
+            if len(self._permutations) >= _PERMUTATIONS_KEPT:
+                self._permutations.clear()
+            rng = np.random.default_rng([TRAIN_STREAM, seed, epoch, _FILE_SALT])
+            self._permutations[key] = rng.permutation(len(self._train))
+        return self._permutations[key]

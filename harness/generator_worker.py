@@ -1,0 +1,195 @@
+"""`harness generator`: sample groups for the learner, score them, push them to the buffer.
+
+The loop: claim work tickets under the staleness rule, make sure the right policy version is
+loaded, generate every sample of the claimed prompts in one engine call, score with the task's
+verifier, push one group per prompt. Ticket t is prompt index t of batch t // prompts_per_step,
+so prompts and sampling seeds are a pure function of (seed, batch, prompt, sample): every arm of
+a seed sees the same prompts and the same random numbers (design section 1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from buffer import metric_names as M
+from buffer.schema import RolloutGroup, make_group_id
+from buffer.streams import (
+    RolloutBuffer,
+    TicketDispenser,
+    VersionRegistry,
+    admission_limit,
+    connect,
+    fixed_policy_version,
+    ticket_batch,
+)
+from harness.config import ExperimentConfig
+from harness.generators import GenRequest, make_generator, sample_seed
+from harness.model_factory import build_model_dir
+from harness.rewards import make_reward_fn
+from harness.tasks import make_task
+from harness.tokenizer import encode_prompt, load_tokenizer
+from harness.trial_spec import TrialSpec
+
+IDLE_POLL_S = 0.5
+
+
+@dataclass
+class GeneratorStats:
+    """Counters behind perf/gen_tokens_per_s, perf/gen_idle_frac, perf/weight_sync_s."""
+
+    started: float = field(default_factory=time.monotonic)
+    tokens: int = 0
+    generate_s: float = 0.0
+    idle_s: float = 0.0
+    sync_s: float = 0.0
+    syncs: int = 0
+    groups: int = 0
+
+    def as_metrics(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {
+            M.PERF_GEN_TOKENS_PER_S: self.tokens / max(self.generate_s, 1e-9),
+            M.PERF_GEN_IDLE_FRAC: self.idle_s / elapsed,
+            M.PERF_WEIGHT_SYNC_S: self.sync_s / max(self.syncs, 1),
+            "groups": float(self.groups),
+        }
+
+
+class GroupMaker:
+    """Turns claimed tickets into scored rollout groups with one generator call."""
+
+    def __init__(self, cfg: ExperimentConfig, spec: TrialSpec, run_id: str, generator_id: str):
+        self.cfg, self.spec = cfg, spec
+        self.run_id, self.generator_id = run_id, generator_id
+        self.model_dir = build_model_dir(cfg.model, cfg.task)
+        self.tokenizer = load_tokenizer(self.model_dir)
+        self.task = make_task(cfg.task)
+        self.reward_fn = make_reward_fn(cfg.task)
+        self.generator = make_generator(cfg.generation, self.model_dir, spec.seed)
+
+    def request(self, ticket: int, prompt_text: str) -> GenRequest:
+        per_step, group_size = self.cfg.learner.prompts_per_step, self.cfg.generation.group_size
+        batch = ticket_batch(ticket, per_step)
+        return GenRequest(
+            prompt_ids=encode_prompt(self.tokenizer, prompt_text),
+            seeds=[sample_seed(self.spec.seed, batch, ticket, j) for j in range(group_size)],
+            max_new_tokens=self.cfg.generation.max_new_tokens,
+        )
+
+    def make(self, tickets: list[int], version: int, stats: GeneratorStats) -> list[RolloutGroup]:
+        prompts = [self.task.train_prompt(self.spec.seed, ticket) for ticket in tickets]
+        requests = [self.request(t, p.text) for t, p in zip(tickets, prompts, strict=True)]
+        started = time.monotonic()
+        results = self.generator.generate(requests)
+        stats.generate_s += time.monotonic() - started
+        groups = []
+        per_step = self.cfg.learner.prompts_per_step
+        for ticket, prompt, request, result in zip(
+            tickets, prompts, requests, results, strict=True
+        ):
+            texts = [
+                self.tokenizer.decode(ids, skip_special_tokens=False) for ids in result.response_ids
+            ]
+            scored = [self.reward_fn(text, prompt.ground_truth) for text in texts]
+            stats.tokens += sum(len(ids) for ids in result.response_ids)
+            groups.append(
+                RolloutGroup(
+                    run_id=self.run_id,
+                    group_id=make_group_id(self.spec.seed, ticket_batch(ticket, per_step), ticket),
+                    prompt_index=ticket,
+                    prompt_ids=request.prompt_ids,
+                    response_ids=result.response_ids,
+                    behavior_logprobs=result.behavior_logprobs,
+                    rewards=[float(reward) for reward, _ in scored],
+                    reward_infos=[json.dumps(info, sort_keys=True) for _, info in scored],
+                    finish_reasons=result.finish_reasons,
+                    policy_version=version,
+                    generator_id=self.generator_id,
+                    created_at=datetime.now(UTC),
+                )
+            )
+        return groups
+
+
+def claim_batch(
+    tickets: TicketDispenser, generator_id: str, limit: int, per_step: int, carry: list[int]
+) -> tuple[list[int], list[int]]:
+    """Claim up to one batch's worth of tickets, all of one batch (so, one policy version).
+
+    A ticket of another batch ends the round and is carried to the next one (it stays leased
+    to this generator), so no claim is ever given back and re-raced.
+    """
+    claimed = list(carry)
+    while len(claimed) < per_step:
+        ticket = tickets.claim(generator_id, limit)
+        if ticket is None:
+            break
+        if claimed and ticket_batch(ticket, per_step) != ticket_batch(claimed[0], per_step):
+            return claimed, [ticket]
+        claimed.append(ticket)
+    return claimed, []
+
+
+def run_generator_component(
+    cfg: ExperimentConfig,
+    spec: TrialSpec,
+    *,
+    redis_url: str,
+    run_id: str,
+    generator_id: str,
+    steps: int | None,
+) -> GeneratorStats:
+    """Generate until every ticket of the trial is done or a stop is requested."""
+    stop = {"flag": False}
+
+    def _on_signal(signum, frame):
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+
+    maker = GroupMaker(cfg, spec, run_id, generator_id)
+    client = connect(redis_url, cfg.buffer.tls_ca_file)
+    buffer = RolloutBuffer(client, run_id, cfg.buffer)
+    tickets = TicketDispenser(client, run_id)
+    versions = VersionRegistry(client, run_id)
+    per_step = cfg.learner.prompts_per_step
+    total = (steps or cfg.learner.steps) * per_step
+    stats = GeneratorStats()
+    loaded = 0  # the engine starts on the initial weights, version 0
+    carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
+
+    while not (stop["flag"] or buffer.stop_requested()):
+        current = versions.current()
+        published = 0 if current is None else current[0]
+        limit = min(admission_limit(published, spec.lag, per_step), total)
+        claimed, carry = claim_batch(tickets, generator_id, limit, per_step, carry)
+        if not claimed:
+            if tickets.all_done(total):
+                break
+            idle_from = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                versions.wait_for_version(published + 1, timeout_s=IDLE_POLL_S)
+            stats.idle_s += time.monotonic() - idle_from
+            buffer.report_generator_stats(generator_id, stats.as_metrics())
+            continue
+        batch_index = ticket_batch(claimed[0], per_step)
+        want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
+        if want != loaded:
+            location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)
+            stats.sync_s += maker.generator.load_weights(want, location)
+            stats.syncs += 1
+            loaded = want
+        for ticket, group in zip(claimed, maker.make(claimed, loaded, stats), strict=True):
+            buffer.push(group, batch_index=batch_index, ticket=ticket)
+            stats.groups += 1
+        buffer.report_generator_stats(generator_id, stats.as_metrics())
+    maker.generator.close()
+    buffer.report_generator_stats(generator_id, stats.as_metrics())
+    print(json.dumps({"generator": generator_id, **stats.as_metrics()}), flush=True)
+    return stats

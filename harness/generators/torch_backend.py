@@ -1,0 +1,221 @@
+"""The torch reference generator: a Hugging Face forward with a KV cache and our own sampler.
+
+Slower than vLLM on anything but tiny models, but every step is visible: temperature, top-p
+(`sampling.sampling_logits`), and one `torch.Generator` per sample seeded by its `sample_seed`, so
+a sample's random numbers never depend on what else is in the batch. On CPU in float32 two runs
+with the same seeds give bitwise identical tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache
+
+from buffer.weight_store import read_state_dict
+from harness.generators.base import (
+    GENERATE_TIMEOUT_S,
+    Deadline,
+    GenRequest,
+    GenResult,
+    Sample,
+    SamplingSettings,
+    group_samples,
+    set_torch_threads,
+)
+from harness.generators.sampling import sampling_logprobs
+
+# Rows (samples) decoded together; bounds the KV cache of one batch.
+DEFAULT_MAX_BATCH_ROWS = 256
+
+# (logits (B, V), active (B,)) -> (tokens (B,), token logprobs (B,))
+Chooser = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One sample to decode: its prompt, seed (None for greedy) and token budget."""
+
+    prompt_ids: list[int]
+    seed: int | None
+    max_new_tokens: int
+
+
+ChooserFactory = Callable[[list[_Row]], Chooser]
+
+
+class TorchGenerator:
+    """`Generator` backed by transformers' model forward and a hand-written decode loop."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        sampling: SamplingSettings,
+        eos_token_id: int,
+        pad_token_id: int,
+        threads: int,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        timeout_s: float = GENERATE_TIMEOUT_S,
+    ) -> None:
+        if device == "cpu":
+            set_torch_threads(threads)
+        self._model = AutoModelForCausalLM.from_pretrained(
+            str(model_dir), dtype=dtype, local_files_only=True
+        ).to(device)
+        self._model.eval()
+        self._device = torch.device(device)
+        self.sampling = sampling
+        self._eos = eos_token_id
+        self._pad = pad_token_id
+        self._max_len = int(self._model.config.max_position_embeddings)
+        self._max_batch_rows = max_batch_rows
+        self._timeout_s = timeout_s
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+        rows = [
+            _Row(list(r.prompt_ids), seed, r.max_new_tokens) for r in requests for seed in r.seeds
+        ]
+        decoded = self._decode_all(rows, self._seeded_sampler, "TorchGenerator.generate")
+        return group_samples(requests, decoded)
+
+    def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
+        rows = [_Row(list(ids), None, max_new_tokens) for ids in prompts_ids]
+        decoded = self._decode_all(rows, lambda _: _argmax, "TorchGenerator.greedy")
+        return [ids for ids, _, _ in decoded]
+
+    @torch.no_grad()
+    def load_weights(self, version: int, location: str) -> float:
+        """Copy the version's tensors into the model's parameters in place (no re-allocation)."""
+        started = time.perf_counter()
+        state = read_state_dict(location)
+        missing, unexpected = self._model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if self._model.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise ValueError(
+                f"weights in {location} do not fit the model: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}; was it written from the same architecture?"
+            )
+        self._version = version
+        return time.perf_counter() - started
+
+    def close(self) -> None:
+        del self._model
+
+    def _decode_all(
+        self, rows: list[_Row], make_chooser: ChooserFactory, what: str
+    ) -> list[Sample]:
+        for row in rows:
+            if len(row.prompt_ids) + row.max_new_tokens > self._max_len:
+                raise ValueError(
+                    f"prompt of {len(row.prompt_ids)} tokens + max_new_tokens="
+                    f"{row.max_new_tokens} exceeds the model context {self._max_len}; shorten the "
+                    "prompt or lower generation.max_new_tokens"
+                )
+        deadline = Deadline(self._timeout_s, what)
+        out: list[Sample] = []
+        for start in range(0, len(rows), self._max_batch_rows):
+            out += self._decode(rows[start : start + self._max_batch_rows], make_chooser, deadline)
+        return out
+
+    @torch.no_grad()
+    def _decode(
+        self, rows: list[_Row], make_chooser: ChooserFactory, deadline: Deadline
+    ) -> list[Sample]:
+        """Decode one batch: left-padded prefill, then one token per row per step."""
+        choose = make_chooser(rows)
+        batch = len(rows)
+        width = max(len(row.prompt_ids) for row in rows)
+        input_ids = torch.full((batch, width), self._pad, dtype=torch.long)  # (B, L)
+        mask = torch.zeros((batch, width), dtype=torch.long)  # (B, L)
+        for i, row in enumerate(rows):
+            input_ids[i, width - len(row.prompt_ids) :] = torch.tensor(row.prompt_ids)
+            mask[i, width - len(row.prompt_ids) :] = 1
+        input_ids, mask = input_ids.to(self._device), mask.to(self._device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L): 0 at each row's first token
+        limits = torch.tensor([row.max_new_tokens for row in rows], device=self._device)
+        cache = DynamicCache(config=self._model.config)
+        logits = self._forward(input_ids, mask, positions, cache)  # (B, V)
+        active = torch.ones(batch, dtype=torch.bool, device=self._device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=self._device)
+        stopped = torch.zeros(batch, dtype=torch.bool, device=self._device)
+        tokens_per_step, logprobs_per_step = [], []
+        for _ in range(int(limits.max())):
+            deadline.check()
+            tokens, logprobs = choose(logits, active)  # (B,), (B,)
+            tokens = torch.where(active, tokens, self._pad)
+            tokens_per_step.append(tokens)
+            logprobs_per_step.append(logprobs)
+            lengths += active.long()
+            stopped |= active & (tokens == self._eos)
+            active &= (tokens != self._eos) & (lengths < limits)
+            if not bool(active.any()):
+                break
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L + t + 1)
+            positions = positions[:, -1:] + 1  # (B, 1)
+            logits = self._forward(tokens[:, None], mask, positions, cache)
+        all_tokens = torch.stack(tokens_per_step, dim=1).tolist()  # (B, T)
+        all_logprobs = torch.stack(logprobs_per_step, dim=1).tolist()  # (B, T)
+        return [
+            (
+                all_tokens[i][:n],
+                all_logprobs[i][:n],
+                "stop" if stopped[i] else "length",
+            )
+            for i, n in enumerate(lengths.tolist())
+        ]
+
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+        cache: DynamicCache,
+    ) -> torch.Tensor:
+        """Logits of the last position only (B, V), float32, extending `cache` in place."""
+        out = self._model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1].float()
+
+    def _seeded_sampler(self, rows: list[_Row]) -> Chooser:
+        """Sampling by exponential race: argmax_v p_v / E_v with E_v ~ Exp(1) is a draw from p.
+
+        Each row's noise comes from its own generator, one draw of V numbers per decoded token,
+        so the stream a sample consumes depends on its seed and its own length only.
+        """
+        generators = [
+            torch.Generator(device=self._device).manual_seed(int(row.seed)) for row in rows
+        ]
+        temperature, top_p = self.sampling.temperature, self.sampling.top_p
+
+        def choose(logits: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logprobs = sampling_logprobs(logits, temperature, top_p)  # (B, V)
+            noise = torch.ones_like(logprobs)  # (B, V); finished rows keep 1 and are ignored
+            for i in active.nonzero()[:, 0].tolist():
+                noise[i].exponential_(generator=generators[i])
+            tokens = (logprobs.exp() / noise).argmax(dim=-1)  # (B,)
+            return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
+
+        return choose
+
+
+def _argmax(logits: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    del active
+    return logits.argmax(dim=-1), torch.zeros(logits.shape[0], device=logits.device)

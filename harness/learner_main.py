@@ -1,0 +1,96 @@
+"""`harness learner`: wire the experiment config to the learner loop and run one learner.
+
+The learner package knows nothing about tasks or tokenizers (dependencies point one way); this
+module supplies the eval function (greedy pass rate on the held-out split) and the Redis-backed
+buffer, version registry and weight store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from torch import nn
+
+from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
+from buffer.weight_store import WeightStore
+from harness.config import ExperimentConfig
+from harness.model_factory import build_model_dir
+from harness.tasks import make_task
+from harness.tokenizer import load_tokenizer
+from harness.trial_spec import TrialPaths, TrialSpec, write_json_atomic
+from harness.warm_start import greedy_pass_rate
+from learner.loop import LearnerOutcome, LearnerTask, run_learner
+
+
+def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
+    """Greedy pass rate on the fixed held-out split (the same prompts for every arm and seed)."""
+    task = make_task(cfg.task)
+    tokenizer = load_tokenizer(model_dir)
+    prompts = task.eval_prompts(cfg.learner.eval_size)
+
+    def evaluate(model: nn.Module) -> float:
+        was_training = model.training
+        model.eval()
+        try:
+            return greedy_pass_rate(
+                model, tokenizer, task, prompts, cfg.generation.max_new_tokens, cfg.task
+            )
+        finally:
+            model.train(was_training)
+
+    return evaluate
+
+
+def learner_task(
+    cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
+) -> LearnerTask:
+    return LearnerTask(
+        arm=cfg.arm(spec.arm),
+        learner=cfg.learner,
+        mode=spec.mode,
+        lag=spec.lag,
+        seed=spec.seed,
+        group_size=cfg.generation.group_size,
+        max_new_tokens=cfg.generation.max_new_tokens,
+        model_dir=build_model_dir(cfg.model, cfg.task),
+        trial_dir=paths.root,
+        steps=steps,
+    )
+
+
+def run_learner_component(
+    cfg: ExperimentConfig,
+    spec: TrialSpec,
+    paths: TrialPaths,
+    *,
+    redis_url: str,
+    run_id: str,
+    steps: int | None,
+    resume: bool,
+) -> LearnerOutcome:
+    """Run the learner to the end of the trial and record its outcome next to the metrics."""
+    task = learner_task(cfg, spec, paths, steps)
+    client = connect(redis_url, cfg.buffer.tls_ca_file)
+    buffer = RolloutBuffer(client, run_id, cfg.buffer)
+    versions = VersionRegistry(client, run_id)
+    weights = WeightStore(paths.weights)
+    outcome = run_learner(
+        task,
+        buffer=buffer,
+        telemetry=Telemetry(client, run_id),
+        versions=versions,
+        weights=weights,
+        evaluate=make_evaluator(cfg, task.model_dir),
+        resume=resume,
+    )
+    write_json_atomic(
+        paths.learner_outcome,
+        {
+            "status": outcome.status,
+            "steps_completed": outcome.steps_completed,
+            "diverged_reason": outcome.diverged_reason,
+        },
+    )
+    print(json.dumps({"learner": outcome.status, "steps": outcome.steps_completed}), flush=True)
+    return outcome

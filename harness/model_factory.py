@@ -1,0 +1,257 @@
+"""Model directories: build (and cache) the built-in model, or validate a user's model path.
+
+The built-in model is a tiny Qwen2 (or Qwen3-MoE) causal LM with the character tokenizer,
+warm-started on the task, saved in Hugging Face format so the learner (transformers) and the
+generators (vLLM or torch) load the very same files. A build is a pure function of its cache key
+(model config minus cache_dir, task settings, FORMAT_VERSION, library versions), so it is built
+once into `cache_dir/<key>`: in a temporary directory renamed into place when complete (readers
+never see half a model), under an fcntl lock (concurrent trials wait instead of building twice).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import (
+    AutoModelForCausalLM,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
+)
+
+from harness.config import ModelConfig, TaskConfig
+from harness.rewards import make_reward_fn
+from harness.tasks import make_task
+from harness.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    build_char_tokenizer,
+    load_tokenizer,
+    save_tokenizer,
+)
+from harness.warm_start import warm_start
+
+__all__ = [
+    "FORMAT_VERSION",
+    "build_model_dir",
+    "builtin_cache_key",
+    "load_policy",
+    "load_tokenizer",
+    "weights_digest",
+]
+
+logger = logging.getLogger(__name__)
+
+# Bump whenever the bytes a build produces change for the same config (tokenizer vocabulary, task
+# generators, warm-start recipe, saved files), so stale cache entries are never reused.
+FORMAT_VERSION = 1
+# A warm start of the default config takes seconds; a large one minutes. Waiting longer than this
+# for another process's build means that process is stuck.
+LOCK_TIMEOUT_S = 1800.0
+LOCK_POLL_S = 0.1
+# Untied input/output embeddings (Qwen2's own default): the output head can learn answer-token
+# statistics independently of the input embedding. Recorded in config.json.
+TIE_WORD_EMBEDDINGS = False
+ROPE_THETA = 10_000.0
+INITIALIZER_RANGE = 0.02
+WARM_START_FILE = "warm_start.json"
+BUILD_INFO_FILE = "build_info.json"
+
+
+def builtin_cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
+    """Hex digest of everything that determines the built-in model's files."""
+    task: dict[str, Any] = task_cfg.model_dump(mode="json")
+    if task_cfg.name == "file" and task_cfg.path is not None:
+        task["path_sha256"] = file_sha256(Path(task_cfg.path).expanduser())
+    else:
+        task["path"] = None  # no effect on procedural tasks
+    payload = {
+        "model": model_cfg.model_dump(mode="json", exclude={"cache_dir"}),
+        "task": task,
+        "format_version": FORMAT_VERSION,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    canonical = json.dumps(payload, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:24]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _common_arch(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_theta": ROPE_THETA,
+        "initializer_range": INITIALIZER_RANGE,
+        "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "pad_token_id": PAD_ID,
+        "use_sliding_window": False,
+    }
+
+
+def qwen2_config(cfg: ModelConfig, vocab_size: int) -> PretrainedConfig:
+    return Qwen2Config(**_common_arch(cfg, vocab_size))
+
+
+def qwen3_moe_config(cfg: ModelConfig, vocab_size: int) -> PretrainedConfig:
+    """Every layer sparse; each expert as wide as the dense MLP (`intermediate_size`)."""
+    return Qwen3MoeConfig(
+        **_common_arch(cfg, vocab_size),
+        head_dim=cfg.hidden_size // cfg.num_heads,  # Qwen3's default head_dim is 128
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.experts_per_token,
+        moe_intermediate_size=cfg.intermediate_size,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        norm_topk_prob=True,
+        output_router_logits=False,  # the learner asks for router logits when it needs them
+    )
+
+
+ARCHITECTURES: dict[str, tuple[Callable[[ModelConfig, int], PretrainedConfig], type]] = {
+    "qwen2": (qwen2_config, Qwen2ForCausalLM),
+    "qwen3_moe": (qwen3_moe_config, Qwen3MoeForCausalLM),
+}
+
+
+def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -> None:
+    """Initialise from `init_seed`, warm-start, and save model + tokenizer + reports to out_dir."""
+    tokenizer = build_char_tokenizer(model_max_length=model_cfg.max_seq_len)
+    make_config, model_class = ARCHITECTURES[model_cfg.arch]
+    hf_config = make_config(model_cfg, len(tokenizer))
+    task = make_task(task_cfg)
+    with torch.random.fork_rng(devices=[]):  # caller's RNG state is restored afterwards
+        torch.manual_seed(model_cfg.init_seed)
+        model = model_class(hf_config)
+        reward_fn = make_reward_fn(task_cfg)
+        report = warm_start(
+            model, tokenizer, task, reward_fn, config=model_cfg, eval_size=task_cfg.eval_size
+        )
+    model.generation_config.do_sample = False  # no sampling defaults leak into vLLM/generate
+    model.save_pretrained(str(out_dir))
+    save_tokenizer(tokenizer, out_dir)
+    (out_dir / WARM_START_FILE).write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
+    info = {
+        "format_version": FORMAT_VERSION,
+        "cache_key": out_dir.name,
+        "model": model_cfg.model_dump(mode="json", exclude={"cache_dir"}),
+        "task": task_cfg.model_dump(mode="json"),
+        "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    (out_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+
+
+@contextmanager
+def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
+    """Exclusive fcntl lock on `path`, polled so that waiting has a deadline."""
+    deadline = time.monotonic() + timeout_s
+    with path.open("a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"waited {timeout_s:.0f} s for the build lock {path}; another process is "
+                        "building this model (or hung): stop it, or delete the lock file"
+                    ) from None
+                time.sleep(LOCK_POLL_S)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build_cached(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+    cache_dir = Path(model_cfg.cache_dir).expanduser()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    key = builtin_cache_key(model_cfg, task_cfg)
+    final = cache_dir / key
+    with file_lock(cache_dir / f"{key}.lock", LOCK_TIMEOUT_S):
+        if final.is_dir():  # renamed into place only when complete
+            return final
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}.building-", dir=cache_dir))
+        try:
+            logger.info("building built-in model %s (%s)", key, model_cfg.arch)
+            build_builtin(model_cfg, task_cfg, staging)
+            os.rename(staging, final)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging)
+    return final
+
+
+def validate_model_dir(path: Path) -> Path:
+    """A user model directory must hold config.json and tokenizer files the harness can load."""
+    if not path.is_dir():
+        raise FileNotFoundError(f"model.path {path} is not a directory")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.path {path} has no config.json (not a Hugging Face model)")
+    if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(
+            f"model.path {path} has no tokenizer.json/tokenizer_config.json; save the tokenizer "
+            "next to the model (tokenizer.save_pretrained)"
+        )
+    return path
+
+
+def build_model_dir(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
+    """The model directory of a run: the cached built-in build, or the validated user path."""
+    if model_cfg.path == "builtin":
+        return _build_cached(model_cfg, task_cfg)
+    return validate_model_dir(Path(model_cfg.path).expanduser())
+
+
+def load_policy(
+    model_dir: Path | str, dtype: torch.dtype | str, device: torch.device | str
+) -> PreTrainedModel:
+    """Load a causal LM offline in `dtype` on `device` (eval mode, as from_pretrained leaves it)."""
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True)
+    return model.to(device)
+
+
+def weights_digest(model_dir: Path | str) -> str:
+    """sha256 over the safetensors files (names and bytes, sorted): equal digests, equal weights."""
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\x00")
+        digest.update(bytes.fromhex(file_sha256(path)))
+    return digest.hexdigest()

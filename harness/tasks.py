@@ -1,0 +1,200 @@
+"""Tasks: deterministic prompt streams with a held-out eval split that never meets training.
+
+A task hands out prompts by (seed, index), not by iteration, so generator processes can compute
+the prompt of any (seed, step, slot) on their own, in any order, after any crash, and every arm of
+a seed sees the same stream (design section 1, matched arms).
+
+Procedural tasks (`addition`, `multiplication`, `reverse`, `sort`) draw each problem from a
+counter-based RNG, numpy `default_rng([stream, seed, index, salt])`, so prompt `index` does not
+depend on which prompts were drawn before it. The eval split is a hash partition of the problem
+space: a problem is held out iff sha256 of its prompt text falls in one of EVAL_MODULUS buckets
+(see `is_held_out`). The eval set is the first `n` distinct held-out problems of a fixed eval
+stream (the same for every experiment seed); the train stream redraws, from the same generator,
+until it gets a problem that is not held out. Disjointness is therefore a property of each
+problem, whatever `n` or the seed.
+
+The `file` task lives in `harness.file_task`; `make_task` builds any of them from a TaskConfig.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import string
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from harness.config import TaskConfig
+
+# One problem in EVAL_MODULUS is held out (12.5%): 2-digit addition keeps ~1010 eval-eligible and
+# ~7090 training problems. Changing it changes both splits: bump model_factory.FORMAT_VERSION.
+EVAL_MODULUS = 8
+# First element of the RNG key, so the train and eval streams can never share a generator state.
+TRAIN_STREAM = 0
+EVAL_STREAM = 1
+# Attempt caps turn an impossible request (eval set larger than the held-out space) into an error
+# instead of an endless loop; reaching them with a feasible request has negligible probability.
+TRAIN_MAX_DRAWS = 1000
+EVAL_ATTEMPTS_PER_PROMPT = 200
+EVAL_MIN_ATTEMPTS = 10_000
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One problem. `index` is its position in the stream it came from (train or eval).
+
+    `ground_truth` is what the verifier compares against; for built-in tasks it is also the exact
+    expected response (followed by EOS), which the warm start trains on.
+    """
+
+    index: int
+    text: str
+    ground_truth: str
+
+
+class Task(Protocol):
+    """A prompt source: a reproducible training stream and a fixed held-out eval split."""
+
+    name: str
+
+    def train_prompt(self, seed: int, index: int) -> Prompt:
+        """The `index`-th training prompt of the stream of `seed` (pure function of both)."""
+        ...
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        """The first `n` held-out prompts (the same list for every seed)."""
+        ...
+
+
+Problem = tuple[str, str]  # (prompt text, ground truth)
+ProblemSampler = Callable[[np.random.Generator], Problem]
+
+
+def is_held_out(task_name: str, text: str) -> bool:
+    """Whether a problem belongs to the eval split: a fixed hash partition of prompt texts."""
+    digest = hashlib.sha256(f"{task_name}\x00{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % EVAL_MODULUS == 0
+
+
+def _salt(task_name: str) -> int:
+    # crc32 is stable across processes and Python versions, unlike hash().
+    return zlib.crc32(task_name.encode())
+
+
+def _check_non_negative(**values: int) -> None:
+    for key, value in values.items():
+        if value < 0:
+            raise ValueError(f"{key}={value} must be >= 0 (it seeds numpy's SeedSequence)")
+
+
+class ProceduralTask:
+    """A task defined by a sampler of (prompt, ground truth) pairs and the hash partition."""
+
+    def __init__(self, name: str, sampler: ProblemSampler) -> None:
+        self.name = name
+        self._sampler = sampler
+        self._salt = _salt(name)
+        self._eval_cache: list[Prompt] = []
+
+    def train_prompt(self, seed: int, index: int) -> Prompt:
+        _check_non_negative(seed=seed, index=index)
+        rng = np.random.default_rng([TRAIN_STREAM, seed, index, self._salt])
+        for _ in range(TRAIN_MAX_DRAWS):
+            text, truth = self._sampler(rng)
+            if not is_held_out(self.name, text):
+                return Prompt(index=index, text=text, ground_truth=truth)
+        raise RuntimeError(
+            f"task {self.name}: no training problem in {TRAIN_MAX_DRAWS} draws; the problem "
+            "space is (almost) all held out, use a larger task.digits"
+        )
+
+    def eval_prompts(self, n: int) -> list[Prompt]:
+        _check_non_negative(n=n)
+        if n > len(self._eval_cache):
+            self._eval_cache = self._draw_eval(n)
+        return self._eval_cache[:n]
+
+    def _draw_eval(self, n: int) -> list[Prompt]:
+        chosen: list[Prompt] = []
+        seen: set[str] = set()
+        attempts = max(EVAL_MIN_ATTEMPTS, EVAL_ATTEMPTS_PER_PROMPT * n)
+        for attempt in range(attempts):
+            if len(chosen) == n:
+                break
+            rng = np.random.default_rng([EVAL_STREAM, attempt, self._salt])
+            text, truth = self._sampler(rng)
+            if text not in seen and is_held_out(self.name, text):
+                seen.add(text)
+                chosen.append(Prompt(index=len(chosen), text=text, ground_truth=truth))
+        if len(chosen) < n:
+            raise ValueError(
+                f"task {self.name}: only {len(chosen)} distinct held-out problems found, "
+                f"{n} asked; lower task.eval_size or raise task.digits"
+            )
+        return chosen
+
+
+def operand_range(digits: int) -> tuple[int, int]:
+    """Inclusive range of operands with exactly `digits` digits (1 digit: 0..9, no leading 0)."""
+    if digits < 1:
+        raise ValueError(f"digits={digits} must be >= 1")
+    low = 0 if digits == 1 else 10 ** (digits - 1)
+    return low, 10**digits - 1
+
+
+def arithmetic_sampler(operator: str, digits: int) -> ProblemSampler:
+    """`a+b=` / `a*b=` with both operands uniform over exactly-`digits`-digit integers."""
+    low, high = operand_range(digits)
+    apply = {"+": lambda a, b: a + b, "*": lambda a, b: a * b}[operator]
+
+    def sample(rng: np.random.Generator) -> Problem:
+        a, b = (int(x) for x in rng.integers(low, high + 1, size=2))
+        return f"{a}{operator}{b}=", str(apply(a, b))
+
+    return sample
+
+
+def string_sampler(prefix: str, length: int, solve: Callable[[str], str]) -> ProblemSampler:
+    """`<prefix>:<letters>=` with `length` uniform lowercase letters; answer solve(letters)."""
+    letters = np.array(list(string.ascii_lowercase))
+
+    def sample(rng: np.random.Generator) -> Problem:
+        word = "".join(rng.choice(letters, size=length))
+        return f"{prefix}:{word}=", solve(word)
+
+    return sample
+
+
+def _reverse(word: str) -> str:
+    return word[::-1]
+
+
+def _sort(word: str) -> str:
+    return "".join(sorted(word))
+
+
+def _file_task(config: TaskConfig) -> Task:
+    from harness.file_task import FileTask
+
+    if config.path is None:
+        raise ValueError("task.path is required when task.name is `file`")
+    return FileTask.from_path(config.path, eval_size=config.eval_size)
+
+
+# task.name -> builder. `digits` is the operand length for arithmetic (exactly that many digits)
+# and the string length for reverse/sort; it has no effect on `file`.
+TASK_BUILDERS: dict[str, Callable[[TaskConfig], Task]] = {
+    "addition": lambda c: ProceduralTask("addition", arithmetic_sampler("+", c.digits)),
+    "multiplication": lambda c: ProceduralTask("multiplication", arithmetic_sampler("*", c.digits)),
+    "reverse": lambda c: ProceduralTask("reverse", string_sampler("rev", c.digits, _reverse)),
+    "sort": lambda c: ProceduralTask("sort", string_sampler("sort", c.digits, _sort)),
+    "file": _file_task,
+}
+
+
+def make_task(config: TaskConfig) -> Task:
+    """Build the task named by `task.name` (see TASK_BUILDERS for what `digits` means)."""
+    return TASK_BUILDERS[config.name](config)

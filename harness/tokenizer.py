@@ -1,0 +1,113 @@
+"""The built-in character-level tokenizer: one token per character, fixed vocabulary.
+
+A character vocabulary keeps the tiny built-in model honest: every task answer is spelled out
+token by token, so the response length equals the answer length plus EOS and nothing depends on a
+learned merge table. It is built with the `tokenizers` library and saved in Hugging Face format, so
+`AutoTokenizer.from_pretrained(dir)` (and vLLM, which calls it) loads it offline.
+
+Contract the rest of the harness relies on:
+- `encode(text)` gives exactly one id per character, with or without `add_special_tokens`: there
+  is no post-processor, so no BOS/EOS is ever added implicitly. Prompts therefore start with their
+  first character; `<bos>` is in the vocabulary only because tooling expects one.
+- A response ends with `<eos>`; `<pad>` is id 0 and never trained on.
+- Characters outside the vocabulary map to `<unk>` (decode then shows `<unk>`; the round trip holds
+  for in-vocabulary text only). The literal strings `<pad>`, `<bos>`, `<eos>`, `<unk>` in input
+  text are read as the special tokens, as with any Hugging Face tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+PAD_TOKEN = "<pad>"
+BOS_TOKEN = "<bos>"
+EOS_TOKEN = "<eos>"
+UNK_TOKEN = "<unk>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+# Digits and operators for arithmetic, lowercase letters for reverse/sort, then space, newline and
+# common punctuation so simple user prompt files (task `file`) mostly stay in-vocabulary.
+# Changing this string changes every id: bump model_factory.FORMAT_VERSION with it.
+CHARACTERS = "0123456789+*=-abcdefghijklmnopqrstuvwxyz .,:;!?'\"()/\n"
+
+
+def char_vocab() -> dict[str, int]:
+    """Token -> id: the four special tokens (pad = 0), then one id per character of CHARACTERS."""
+    tokens = list(SPECIAL_TOKENS) + list(CHARACTERS)
+    if len(set(tokens)) != len(tokens):
+        raise AssertionError("tokenizer.CHARACTERS holds a duplicate character")
+    return {token: index for index, token in enumerate(tokens)}
+
+
+def build_char_tokenizer(model_max_length: int) -> PreTrainedTokenizerFast:
+    """The character tokenizer as a Hugging Face fast tokenizer with pad/bos/eos/unk set.
+
+    `model_max_length` is the model's context (prompt + response), recorded so that tooling which
+    truncates by it (vLLM's max_model_len checks) sees the real limit.
+    """
+    backend = Tokenizer(models.WordLevel(char_vocab(), unk_token=UNK_TOKEN))
+    # `[\s\S]` (not `.`) so newlines are split into tokens too; "isolated" keeps every character.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Fuse concatenates the token strings: the default decoder would join them with spaces.
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        unk_token=UNK_TOKEN,
+        model_max_length=model_max_length,
+        padding_side="right",
+    )
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Save in Hugging Face format: tokenizer.json, tokenizer_config.json, special_tokens_map.json.
+
+    transformers 5 writes `tokenizer_class: TokenizersBackend`, a name transformers 4 cannot
+    resolve; `PreTrainedTokenizerFast` loads under both, so the config is rewritten to it. The
+    special-tokens map is no longer written by transformers 5 but older loaders read it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(directory))
+    config_path = directory / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    special = {
+        "pad_token": PAD_TOKEN,
+        "bos_token": BOS_TOKEN,
+        "eos_token": EOS_TOKEN,
+        "unk_token": UNK_TOKEN,
+    }
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+
+
+def load_tokenizer(directory: Path | str) -> PreTrainedTokenizerBase:
+    """Load any saved Hugging Face tokenizer offline (never touches a model hub)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"tokenizer in {directory} has no pad token; set `pad_token` in its "
+            "tokenizer_config.json (the harness pads batches with it)"
+        )
+    if tokenizer.eos_token_id is None:
+        raise ValueError(
+            f"tokenizer in {directory} has no eos token; responses end at EOS, so set "
+            "`eos_token` in its tokenizer_config.json"
+        )
+    return tokenizer
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Prompt ids exactly as every component (warm start, generators, learner) must build them.
+
+    No special tokens are added: with the built-in tokenizer this is one id per character, and a
+    user tokenizer's BOS conventions are not silently mixed into the matched prompt stream.
+    """
+    return list(tokenizer.encode(text, add_special_tokens=False))

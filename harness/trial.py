@@ -1,0 +1,287 @@
+"""`harness trial`: run one (arm, seed, lag, mode) trial end to end and supervise its processes.
+
+The runner prepares the trial directory (resolved config, prompt set, digests, metadata), starts
+the embedded Redis when no URL is configured, then the learner and the generator(s) as separate
+processes sharing nothing but Redis and the weight store (design section 3). It restarts a
+crashed generator, fails the trial (resumably) when the learner crashes, and on SIGINT/SIGTERM
+tears every child down before returning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from harness.config import ExperimentConfig
+from harness.model_factory import build_model_dir, weights_digest
+from harness.processes import Child, python_module_args
+from harness.provenance import file_digest, provenance
+from harness.tasks import make_task
+from harness.trial_spec import TrialPaths, TrialSpec, read_json, write_json_atomic
+
+MAX_GENERATOR_RESTARTS = 3
+POLL_S = 0.2
+
+
+class TrialFailedError(RuntimeError):
+    """The learner crashed or could not start; the trial is resumable with --resume."""
+
+
+@dataclass
+class TrialOutcome:
+    status: str  # completed | diverged | failed
+    steps_completed: int
+    reason: str | None = None
+
+
+def run_id_for(cfg: ExperimentConfig, spec: TrialSpec) -> str:
+    """Redis namespace of a trial: many trials (and experiments) may share one Redis."""
+    return f"{cfg.name}.{cfg.config_hash()}.{spec.name}"
+
+
+def prompt_table(cfg: ExperimentConfig, spec: TrialSpec, steps: int) -> pd.DataFrame:
+    """The exact prompts the trial trains and evaluates on; equal tables prove matched arms."""
+    task = make_task(cfg.task)
+    n_train = steps * cfg.learner.prompts_per_step
+    train = [task.train_prompt(spec.seed, i) for i in range(n_train)]
+    evals = task.eval_prompts(cfg.learner.eval_size)
+    rows = [("train", p.index, p.text, p.ground_truth) for p in train]
+    rows += [("eval", p.index, p.text, p.ground_truth) for p in evals]
+    return pd.DataFrame(rows, columns=["split", "index", "prompt", "ground_truth"])
+
+
+def prepare_trial(
+    cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int, resume: bool
+) -> dict:
+    """Write resolved config, prompt set and metadata; returns the metadata dict."""
+    paths.root.mkdir(parents=True, exist_ok=True)
+    previous = read_json(paths.metadata)
+    if previous and previous.get("status") in ("completed", "diverged") and not resume:
+        raise TrialFailedError(
+            f"trial {spec.name} already finished ({previous['status']}) in {paths.root}"
+        )
+    if not resume:
+        for stale in ("checkpoints", "metrics.parquet", "weights", "redis"):
+            _remove_tree(paths.root / stale)
+        paths.learner_outcome.unlink(missing_ok=True)
+    paths.resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    prompt_table(cfg, spec, steps).to_parquet(paths.prompts, index=False)
+    model_dir = build_model_dir(cfg.model, cfg.task)
+    arm = cfg.arm(spec.arm)
+    metadata = {
+        "experiment": cfg.name,
+        "trial_name": spec.name,
+        "arm": spec.arm,
+        "objective": arm.objective,
+        "seed": spec.seed,
+        "lag": spec.lag,
+        "mode": spec.mode,
+        "status": "running",
+        "diverged": False,
+        "diverged_reason": None,
+        "failure_reason": None,
+        "steps_planned": steps,
+        "steps_completed": 0,
+        "config_hash": cfg.config_hash(),
+        "initial_weights_digest": weights_digest(model_dir),
+        "prompt_set_digest": file_digest(paths.prompts),
+        "model_dir": str(model_dir),
+        "started_at": (previous or {}).get("started_at") or datetime.now(UTC).isoformat(),
+        "finished_at": None,
+        "resumed": resume,
+        "provenance": provenance(),
+    }
+    write_json_atomic(paths.metadata, metadata)
+    return metadata
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    if path.exists():
+        shutil.rmtree(path)
+
+
+@contextlib.contextmanager
+def redis_for_trial(cfg: ExperimentConfig, paths: TrialPaths) -> Iterator[str]:
+    """The configured Redis URL, or an embedded redis-server whose AOF lives in the trial dir."""
+    if cfg.buffer.redis_url:
+        yield cfg.buffer.redis_url
+        return
+    from buffer.server import EmbeddedRedis
+
+    paths.redis_dir.mkdir(parents=True, exist_ok=True)
+    with EmbeddedRedis(paths.redis_dir, appendfsync=cfg.buffer.appendfsync) as server:
+        yield server.url
+
+
+def component_args(
+    command: str, config_path: Path, spec: TrialSpec, paths: TrialPaths, steps: int
+) -> list[str]:
+    return python_module_args(
+        "harness.cli",
+        command,
+        str(config_path),
+        "--arm", spec.arm,
+        "--seed", str(spec.seed),
+        "--lag", str(spec.lag),
+        "--mode", spec.mode,
+        "--out", str(paths.root),
+        "--steps", str(steps),
+    )  # fmt: skip
+
+
+def run_trial(
+    cfg: ExperimentConfig,
+    spec: TrialSpec,
+    out_dir: Path,
+    steps: int | None = None,
+    resume: bool = False,
+) -> TrialOutcome:
+    """Run a trial to its end; the returned status is also written to trial.json."""
+    paths = TrialPaths(Path(out_dir))
+    steps = steps or cfg.learner.steps
+    metadata = prepare_trial(cfg, spec, paths, steps, resume)
+    run_id = run_id_for(cfg, spec)
+    interrupted = {"signal": None}
+
+    def _on_signal(signum, frame):
+        interrupted["signal"] = signum
+
+    old_handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with redis_for_trial(cfg, paths) as redis_url:
+            _reset_run(redis_url, cfg, run_id, fresh=not resume)
+            launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume)
+            outcome = _supervise(launch, interrupted)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+    metadata.update(
+        status=outcome.status,
+        steps_completed=outcome.steps_completed,
+        diverged=outcome.status == "diverged",
+        diverged_reason=outcome.reason if outcome.status == "diverged" else None,
+        failure_reason=outcome.reason if outcome.status == "failed" else None,
+        finished_at=datetime.now(UTC).isoformat(),
+    )
+    write_json_atomic(paths.metadata, metadata)
+    return outcome
+
+
+def _reset_run(redis_url: str, cfg: ExperimentConfig, run_id: str, fresh: bool) -> None:
+    """Fresh trial: delete the run's keys (a previous attempt's leftovers). Resume: release the
+    tickets leased by the generators that died with the previous attempt."""
+    from buffer.streams import RolloutBuffer, TicketDispenser, connect
+
+    client = connect(redis_url, cfg.buffer.tls_ca_file)
+    try:
+        if fresh:
+            RolloutBuffer(client, run_id, cfg.buffer).delete_run()
+        else:
+            TicketDispenser(client, run_id).expire_all_leases()
+    finally:
+        client.close()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the supervisor needs to start a trial's components."""
+
+    cfg: ExperimentConfig
+    spec: TrialSpec
+    paths: TrialPaths
+    redis_url: str
+    run_id: str
+    steps: int
+    resume: bool
+
+
+def _supervise(launch: Launch, interrupted: dict) -> TrialOutcome:
+    cfg, spec, paths, steps = launch.cfg, launch.spec, launch.paths, launch.steps
+    redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
+    config_path = paths.resolved_config
+    env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id}
+    learner_args = component_args("learner", config_path, spec, paths, steps)
+    learner = Child("learner", learner_args + (["--resume"] if resume else []),
+                    paths.logs / "learner.log", env)  # fmt: skip
+    generators = [
+        Child(
+            f"generator-{i}",
+            [*component_args("generator", config_path, spec, paths, steps), "--id", f"gen-{i}"],
+            paths.logs / f"generator-{i}.log",
+            env,
+        )
+        for i in range(cfg.generation.num_generators)
+    ]
+    children = [learner, *generators]
+    try:
+        for child in children:
+            child.start()
+        return _watch(learner, generators, paths, interrupted)
+    finally:
+        _stop_generators(redis_url, cfg, run_id)
+        for child in reversed(children):
+            child.stop()
+
+
+def _watch(learner: Child, generators: list[Child], paths: TrialPaths, interrupted) -> TrialOutcome:
+    while True:
+        if interrupted["signal"] is not None:
+            return TrialOutcome("failed", _steps_done(paths), "interrupted; resume with --resume")
+        code = learner.poll()
+        if code is not None:
+            return _learner_finished(code, learner, paths)
+        for gen in generators:
+            gen_code = gen.poll()
+            if gen_code is None or gen_code == 0:
+                continue
+            if gen.restarts >= MAX_GENERATOR_RESTARTS:
+                return TrialOutcome(
+                    "failed",
+                    _steps_done(paths),
+                    f"{gen.name} crashed {gen.restarts + 1} times; last log lines:\n{gen.tail()}",
+                )
+            gen.restarts += 1
+            gen.start()
+        time.sleep(POLL_S)
+
+
+def _learner_finished(code: int, learner: Child, paths: TrialPaths) -> TrialOutcome:
+    outcome = read_json(paths.learner_outcome)
+    if code == 0 and outcome is not None:
+        return TrialOutcome(
+            outcome["status"], outcome["steps_completed"], outcome["diverged_reason"]
+        )
+    return TrialOutcome(
+        "failed",
+        _steps_done(paths),
+        f"learner exited with code {code}; resume with --resume. Last log lines:\n{learner.tail()}",
+    )
+
+
+def _steps_done(paths: TrialPaths) -> int:
+    from learner.metrics_log import MetricsLog
+
+    steps = MetricsLog(paths.root).steps()
+    return max(steps) if steps else 0
+
+
+def _stop_generators(redis_url: str, cfg: ExperimentConfig, run_id: str) -> None:
+    from buffer.streams import RolloutBuffer, connect
+
+    with contextlib.suppress(Exception):
+        client = connect(redis_url, cfg.buffer.tls_ca_file)
+        RolloutBuffer(client, run_id, cfg.buffer).request_stop()
+        client.close()
+
+
+__all__ = ["TrialFailedError", "TrialOutcome", "run_trial"]

@@ -1,0 +1,176 @@
+"""The experiment grid (arms x seeds x lags) and the on-disk state of each trial in it.
+
+A trial is one (arm, seed, lag, mode) run of the trial runner in its own directory
+`<output_dir>/<name>/trials/<trial_name>/`; its `trial.json` says how far it got. Reading that
+file is the only way `harness run` decides what to skip, resume or start, so a re-launch after a
+crash or Ctrl-C picks up exactly where the disk says the experiment is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from harness.config import ExperimentConfig
+from harness.trial_spec import TrialSpec as RunnerSpec
+
+TRIALS_DIR = "trials"
+TRIAL_JSON = "trial.json"
+TRIAL_LOG = "trial.log"
+METRICS_DIR = "metrics.parquet"
+PROMPTS_FILE = "prompts.parquet"
+RESOLVED_CONFIG = "resolved_config.yaml"
+
+# trial.json `status` values written by the trial runner. A divergence is a result, not a crash,
+# so it is terminal like `completed`; `running` after the process is gone means it was killed.
+TERMINAL_STATUSES = frozenset({"completed", "diverged"})
+RESUMABLE_STATUSES = frozenset({"running", "failed"})
+
+TrialState = Literal["pending", "resume", "done"]
+
+
+class TrialStateError(RuntimeError):
+    """A trial directory holds something that is not the trial the grid expects there."""
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """One cell of the grid: what to run and where its files go."""
+
+    arm: str
+    objective: str
+    seed: int
+    lag: int
+    mode: str
+    trial_name: str
+    trial_dir: Path
+
+
+@dataclass(frozen=True)
+class TrialOnDisk:
+    """What a trial directory says about its trial before a launch.
+
+    `state`: `pending` (never started: start fresh), `resume` (started, not finished: start
+    with `--resume`), `done` (completed or diverged: skip). `problem` is a warning to print.
+    """
+
+    spec: TrialSpec
+    state: TrialState
+    status: str | None
+    info: dict[str, Any]
+    problem: str | None = None
+
+
+def trial_name(arm: str, seed: int, lag: int, mode: str) -> str:
+    """`gspo__seed0__lag2__fixed`: sortable, unique within an experiment, safe in paths.
+
+    Delegates to the trial runner's own spec, so the directory the grid expects and the name
+    the runner writes into trial.json cannot drift apart.
+    """
+    return RunnerSpec(arm=arm, seed=seed, lag=lag, mode=mode).name  # type: ignore[arg-type]
+
+
+def experiment_dir(cfg: ExperimentConfig) -> Path:
+    """`<output_dir>/<name>`, absolute so trial subprocesses and SQLite URIs agree on it."""
+    return (Path(cfg.output_dir).expanduser() / cfg.name).resolve()
+
+
+def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[TrialSpec]:
+    """Every (seed, lag, arm) trial, seed-major.
+
+    Why seed-major: trials run in this order, so an experiment stopped half way holds whole
+    seeds with every arm and lag, i.e. a balanced (if smaller) matched comparison, instead of
+    all seeds of one arm and none of another.
+    """
+    root = (out_dir if out_dir is not None else experiment_dir(cfg)) / TRIALS_DIR
+    mode = cfg.staleness.mode
+    specs = []
+    for seed in cfg.seeds:
+        for lag in cfg.staleness.lags:
+            for arm in cfg.arms:
+                name = trial_name(arm.name, seed, lag, mode)
+                specs.append(TrialSpec(arm.name, arm.objective, seed, lag, mode, name, root / name))
+    return specs
+
+
+def read_trial_json(trial_dir: Path) -> dict[str, Any] | None:
+    """The parsed `trial.json`, or None when the trial never started.
+
+    Raises ValueError (naming the file) when it exists but is not a JSON object; the trial
+    runner writes it atomically, so that means someone edited or truncated it.
+    """
+    path = Path(trial_dir) / TRIAL_JSON
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        info = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{path} holds a {type(info).__name__}, expected a JSON object")
+    return info
+
+
+def _check_identity(spec: TrialSpec, info: dict[str, Any]) -> None:
+    """Refuse to skip or resume a directory that holds another trial (e.g. a copied dir)."""
+    expected = {"arm": spec.arm, "seed": spec.seed, "lag": spec.lag, "mode": spec.mode}
+    for key, want in expected.items():
+        if key in info and info[key] != want:
+            raise TrialStateError(
+                f"{spec.trial_dir / TRIAL_JSON} says {key}={info[key]!r} but the directory "
+                f"belongs to trial {spec.trial_name} ({key}={want!r}); remove or move that "
+                "directory, or use another output_dir"
+            )
+
+
+def _mismatch(info: dict[str, Any], config_hash: str | None, steps: int | None) -> str | None:
+    """Why a trial's results are not comparable with this launch's config, if they are not."""
+    ran_hash, ran_steps = info.get("config_hash"), info.get("steps_planned")
+    if config_hash is not None and ran_hash is not None and ran_hash != config_hash:
+        return (
+            f"ran with config hash {ran_hash}, the current config's is {config_hash}: its "
+            "results mix two configs; use a new output_dir to rerun it"
+        )
+    if steps is not None and ran_steps is not None and ran_steps != steps:
+        return (
+            f"ran for {ran_steps} planned steps, this launch plans {steps} (--steps?): its "
+            "curves are not comparable; use a new output_dir to rerun it"
+        )
+    return None
+
+
+def classify_trial(
+    spec: TrialSpec, config_hash: str | None = None, steps: int | None = None
+) -> TrialOnDisk:
+    """Decide whether `spec` is to be started, resumed or skipped, from its trial.json.
+
+    An unreadable or unknown-status trial.json is resumed (the runner keeps checkpoints and
+    knows best whether they are usable) rather than skipped, so a result is never assumed.
+    A trial run under another config hash or step count is still skipped or resumed as its
+    status says, with a warning in `problem` (the harness never deletes results).
+    """
+    try:
+        info = read_trial_json(spec.trial_dir)
+    except ValueError as exc:
+        return TrialOnDisk(spec, "resume", None, {}, f"{exc}; resuming it")
+    if info is None:
+        return TrialOnDisk(spec, "pending", None, {})
+    _check_identity(spec, info)
+    status = str(info.get("status"))
+    problem = _mismatch(info, config_hash, steps)
+    if status in TERMINAL_STATUSES:
+        return TrialOnDisk(spec, "done", status, info, problem)
+    if status not in RESUMABLE_STATUSES:
+        problem = f"unknown status {status!r} in {TRIAL_JSON}; resuming it"
+    return TrialOnDisk(spec, "resume", status, info, problem)
+
+
+def classify_trials(
+    specs: list[TrialSpec], config_hash: str | None = None, steps: int | None = None
+) -> list[TrialOnDisk]:
+    """`classify_trial` for each spec, in grid order."""
+    return [classify_trial(spec, config_hash, steps) for spec in specs]

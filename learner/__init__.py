@@ -1,0 +1,1 @@
+"""Learner: objectives as pure functions, advantage and KL estimators, the training loop."""

@@ -1,0 +1,124 @@
+"""Configuration of the learner and of the arms it can train (design sections 5, 6)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Objective = Literal["gspo", "gspo_token", "grpo", "ppo"]
+LossAggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+AdvantageNorm = Literal["std", "mean_only"]
+KLEstimator = Literal["k1", "k2", "k3"]
+OldLogprobs = Literal["behavior", "recompute"]
+LRSchedule = Literal["constant", "cosine"]
+RoutingReplay = Literal["off", "old"]
+
+# Paper defaults per objective: GSPO (Zheng et al. 2025, sec. 5.1) clips the sequence ratio at
+# 3e-4/4e-4; GRPO and PPO use the usual 0.2 token-level range.
+DEFAULT_CLIP: dict[str, tuple[float, float]] = {
+    "gspo": (3e-4, 4e-4),
+    "gspo_token": (3e-4, 4e-4),
+    "grpo": (0.2, 0.2),
+    "ppo": (0.2, 0.2),
+}
+_ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+class ArmConfig(BaseModel):
+    """One arm: an objective and its settings. Everything else is shared by all arms."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Unique arm name (letters, digits, `_.-`), used in paths.")
+    objective: Objective = Field(description="Which policy objective the arm trains.")
+    eps_low: float | None = Field(
+        default=None, gt=0, description="Lower clip range; default per objective (GSPO 3e-4)."
+    )
+    eps_high: float | None = Field(
+        default=None, gt=0, description="Upper clip range; default per objective (GSPO 4e-4)."
+    )
+    agg: LossAggregation = Field(
+        default="seq-mean-token-mean",
+        description="Token aggregation of GRPO (`token-mean` = DAPO, `seq-mean-token-sum-norm` = "
+        "Dr. GRPO). PPO always uses `token-mean`; no effect for GSPO.",
+    )
+    adv_norm: AdvantageNorm = Field(
+        default="std",
+        description="Group advantage normalisation: divide by the group std (GRPO/GSPO) or only "
+        "subtract the group mean (Dr. GRPO). No effect for PPO (GAE).",
+    )
+    beta: float = Field(default=0.0, ge=0, description="KL-to-reference coefficient; 0 = off.")
+    kl_estimator: KLEstimator = Field(
+        default="k3", description="KL estimator for the reference term (Schulman's k1/k2/k3)."
+    )
+    routing_replay: RoutingReplay = Field(
+        default="off",
+        description="MoE only: `old` reuses the old policy's top-k experts in the new forward.",
+    )
+
+    @model_validator(mode="after")
+    def _fill_defaults(self) -> ArmConfig:
+        if not _ARM_NAME.match(self.name):
+            raise ValueError(f"arm name {self.name!r} may only hold letters, digits and `_.-`")
+        low, high = DEFAULT_CLIP[self.objective]
+        if self.eps_low is None:
+            self.eps_low = low
+        if self.eps_high is None:
+            self.eps_high = high
+        if self.eps_low >= 1:
+            raise ValueError(f"eps_low={self.eps_low} must be < 1 (ratios are positive)")
+        return self
+
+
+class LearnerConfig(BaseModel):
+    """Optimisation settings shared by every arm, so arms differ only in their objective."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=20, gt=0, description="Learner steps (policy versions) per trial.")
+    prompts_per_step: int = Field(
+        default=8, gt=0, description="Groups (prompts) consumed per learner step."
+    )
+    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate of the policy.")
+    value_lr: float = Field(default=3e-4, gt=0, description="PPO value model learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up length, in updates.")
+    schedule: LRSchedule = Field(default="constant", description="LR after warm-up.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over each step's batch.")
+    minibatches: int = Field(default=1, gt=0, description="Minibatches per pass (updates).")
+    old_logprobs: OldLogprobs = Field(
+        default="behavior",
+        description="`behavior`: the generator's logprobs are pi_old. `recompute`: pi_old is "
+        "recomputed by the learner at step start and a truncated IS weight (cap `is_cap`) "
+        "corrects behaviour-vs-learner mismatch.",
+    )
+    is_cap: float = Field(default=2.0, gt=0, description="Truncation cap C of the IS weight.")
+    gamma: float = Field(default=1.0, ge=0, le=1, description="PPO GAE discount.")
+    lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
+    value_clip: float = Field(default=0.2, gt=0, description="PPO value-loss clip range.")
+    eval_every: int = Field(default=5, gt=0, description="Steps between greedy evals.")
+    eval_size: int = Field(default=64, gt=0, description="Held-out prompts per eval.")
+    checkpoint_every: int = Field(default=10, gt=0, description="Steps between checkpoints.")
+    grad_spike_factor: float = Field(
+        default=5.0, gt=1, description="A grad norm over this x the rolling median is a spike."
+    )
+    keep_versions: int = Field(
+        default=3, gt=0, description="Weight-store versions kept on disk (older are removed)."
+    )
+    threads: int = Field(
+        default=1, gt=0, description="torch intra-op threads of the learner process (CPU)."
+    )
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Learner device.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        if self.minibatches > self.prompts_per_step:
+            raise ValueError(
+                f"learner.minibatches={self.minibatches} exceeds learner.prompts_per_step="
+                f"{self.prompts_per_step}; each minibatch needs at least one group"
+            )
+        return self

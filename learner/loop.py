@@ -1,0 +1,219 @@
+"""The learner's training loop: take a batch, train, publish weights, commit, log. Top to bottom.
+
+A step k (0-based) trains on batch k and produces policy version k + 1. The step is *published*
+as soon as its weights are in the weight store and the version registry names them (generators
+may use it), and *committed* at a checkpoint: the checkpoint is written first, then the groups
+trained since the previous checkpoint are marked trained and acknowledged in Redis. A learner
+killed between two checkpoints therefore finds those groups still pending under its consumer
+name, resumes from the checkpoint and retrains them identically (fixed mode is bitwise
+reproducible), and a group is never trained twice across commits.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from buffer import metric_names as M
+from buffer.collate import collate
+from buffer.config import StalenessMode
+from buffer.schema import RolloutGroup
+from buffer.streams import RolloutSource, Telemetry, VersionRegistry
+from buffer.weight_store import WeightStore
+from learner.checkpoint import CheckpointStore, TrainingState
+from learner.config import ArmConfig, LearnerConfig
+from learner.metrics_log import MetricsLog
+from learner.models import build_step_models, checkpoint_modules
+from learner.step import DivergenceError, StepModels, train_on_batch
+
+SPIKE_WINDOW = 20
+
+
+@dataclass
+class LearnerTask:
+    """Everything one learner run needs; built by the harness from the experiment config."""
+
+    arm: ArmConfig
+    learner: LearnerConfig
+    mode: StalenessMode
+    lag: int
+    seed: int
+    group_size: int
+    max_new_tokens: int
+    model_dir: Path
+    trial_dir: Path
+    consumer: str = "learner"
+    take_timeout_s: float = 600.0
+    steps: int | None = None  # cap on learner steps (smoke runs); default learner.steps
+
+
+@dataclass
+class LearnerOutcome:
+    status: str  # completed | diverged
+    steps_completed: int
+    diverged_reason: str | None = None
+    final_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
+    """Reward, length and staleness statistics of a step's batch (design section 7)."""
+    rewards = np.array([r for g in groups for r in g.rewards], dtype=np.float64)
+    group_std = np.array([np.std(g.rewards) for g in groups])
+    lengths = np.array([len(ids) for g in groups for ids in g.response_ids], dtype=np.float64)
+    truncated = np.array([f == "length" for g in groups for f in g.finish_reasons])
+    lags = np.array([step - g.policy_version for g in groups], dtype=np.float64)
+    return {
+        M.REWARD_MEAN: float(rewards.mean()),
+        M.REWARD_STD: float(rewards.std()),
+        M.REWARD_GROUP_STD_MEAN: float(group_std.mean()),
+        M.GROUPS_ZERO_ADV_FRAC: float((group_std == 0).mean()),
+        M.LENGTH_MEAN: float(lengths.mean()),
+        M.LENGTH_P95: float(np.percentile(lengths, 95)),
+        M.LENGTH_TRUNCATED_FRAC: float(truncated.mean()),
+        M.STALENESS_MEAN: float(lags.mean()),
+        M.STALENESS_MAX: float(lags.max()),
+    }
+
+
+def is_spike(history: list[float], grad_norm: float, factor: float) -> bool:
+    """A gradient norm over `factor` x the rolling median of the previous SPIKE_WINDOW steps."""
+    window = history[-SPIKE_WINDOW:]
+    return len(window) >= 3 and grad_norm > factor * statistics.median(window)
+
+
+def configure_determinism(seed: int, threads: int) -> None:
+    """Seed everything and pin threads: fixed-mode CPU runs are bitwise reproducible."""
+    # torch._C.set_num_threads works even where an in-process engine made set_num_threads a no-op.
+    torch._C.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(seed)
+    np.random.seed(seed % (2**32))  # noqa: NPY002 - seed the global RNG libraries draw from
+    import random
+
+    random.seed(seed)
+
+
+def run_learner(
+    task: LearnerTask,
+    *,
+    buffer: RolloutSource,
+    telemetry: Telemetry,
+    versions: VersionRegistry,
+    weights: WeightStore,
+    evaluate: Callable[[nn.Module], float],
+    resume: bool = False,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> LearnerOutcome:
+    """Train `task.steps` steps; returns how the run ended. Raises on infrastructure errors."""
+    cfg = task.learner
+    total_steps = task.steps or cfg.steps
+    configure_determinism(task.seed, cfg.threads)
+    models: StepModels = build_step_models(task.model_dir, task.arm, cfg, total_steps)
+    modules = checkpoint_modules(models)
+    checkpoints = CheckpointStore(task.trial_dir / "checkpoints")
+    metrics_log = MetricsLog(task.trial_dir)
+    state = TrainingState()
+    # A resumed learner restarts at its checkpoint; generators may then need versions back to
+    # (checkpoint - lag), so keep every version since the last checkpoint, plus the lag.
+    keep = max(cfg.keep_versions, task.lag + cfg.checkpoint_every + 2)
+    if resume and checkpoints.latest_step() is not None:
+        state = checkpoints.load(modules)
+        metrics_log.truncate_after(state.step)
+    else:
+        metrics_log.truncate_after(-1)
+        location = weights.write(0, models.policy.module, config_dir=task.model_dir)
+        versions.publish(0, location)
+        pass_rate = evaluate(models.policy.module)
+        metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate})
+    trained = set(state.trained_group_ids)
+    uncommitted: list = []  # deliveries trained since the last checkpoint
+    metrics: dict[str, float] = {}
+    while state.step < total_steps:
+        step = state.step
+        t_wait = time.perf_counter()
+        deliveries = _take(buffer, task, step, trained)
+        wait_s = time.perf_counter() - t_wait
+        t_train = time.perf_counter()
+        groups = [d.group for d in deliveries]
+        batch = collate(groups, pad_id=_pad_id(models))
+        try:
+            result = train_on_batch(
+                models,
+                batch,
+                arm=task.arm,
+                learner=cfg,
+                group_size=task.group_size,
+                max_len=task.max_new_tokens,
+                version=step,
+            )
+        except DivergenceError as exc:
+            # A divergence ends the trial; its groups stay pending (never marked trained).
+            return LearnerOutcome("diverged", state.step, f"step {step}: {exc}", metrics)
+        state.step = step + 1
+        state.updates += cfg.ppo_epochs * cfg.minibatches
+        location = weights.write(state.step, models.policy.module, config_dir=task.model_dir)
+        versions.publish(state.step, location)
+        weights.prune(keep=keep, protect={0})
+        train_s = time.perf_counter() - t_train
+        uncommitted += deliveries
+        trained.update(d.group.group_id for d in deliveries)
+        state.trained_group_ids = sorted(trained)
+        metrics = group_metrics(groups, step) | result.metrics
+        grad_norm = metrics[M.OPTIM_GRAD_NORM]
+        state.grad_spikes += is_spike(state.grad_norm_history, grad_norm, cfg.grad_spike_factor)
+        state.grad_norm_history = [*state.grad_norm_history, grad_norm][-SPIKE_WINDOW:]
+        metrics[M.OPTIM_GRAD_SPIKES] = float(state.grad_spikes)
+        metrics |= telemetry.buffer_metrics() | telemetry.generator_metrics()
+        metrics[M.PERF_LEARNER_STEP_S] = wait_s + train_s
+        metrics[M.PERF_LEARNER_WAIT_FRAC] = wait_s / max(wait_s + train_s, 1e-9)
+        if state.step % cfg.eval_every == 0 or state.step == total_steps:
+            metrics[M.EVAL_PASS_RATE] = evaluate(models.policy.module)
+        is_checkpoint = state.step % cfg.checkpoint_every == 0 or state.step == total_steps
+        if is_checkpoint:
+            _commit(checkpoints, state, modules, buffer, uncommitted)
+        metrics_log.append(state.step, time.time(), metrics)
+        if on_step is not None:
+            on_step(state.step, metrics)
+    return LearnerOutcome("completed", state.step, None, metrics)
+
+
+def _take(buffer, task: LearnerTask, step: int, trained: set[str]) -> list:
+    """The groups of step `step` under the staleness rule, skipping ones already trained."""
+    n = task.learner.prompts_per_step
+    if task.mode == "fixed":
+        deliveries = buffer.take_batch(step, n, task.consumer, task.take_timeout_s)
+    else:
+        deliveries = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s).deliveries
+    fresh = [d for d in deliveries if d.group.group_id not in trained]
+    if len(fresh) != len(deliveries):
+        stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
+        buffer.ack(stale_ids)  # redelivered copies of committed groups: drop, never retrain
+        if task.mode == "fixed" or not fresh:
+            raise RuntimeError(
+                f"step {step}: the buffer redelivered groups already trained "
+                f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
+            )
+    # Arrival order must not matter in fixed mode: train in prompt order.
+    fresh.sort(key=lambda d: (d.group.prompt_index, d.group.group_id))
+    return fresh
+
+
+def _commit(checkpoints, state, modules, buffer, uncommitted) -> None:
+    """Checkpoint first, then mark trained and ack: a kill in between only causes a retrain
+    that the checkpoint's trained ids already exclude."""
+    checkpoints.save(state, modules)
+    if uncommitted:
+        buffer.commit(uncommitted)  # marks trained and acks in one MULTI
+        uncommitted.clear()
+
+
+def _pad_id(models: StepModels) -> int:
+    pad = getattr(models.policy.module.config, "pad_token_id", None)
+    return 0 if pad is None else int(pad)

@@ -1,0 +1,70 @@
+"""Per-step metrics on disk: `metrics.parquet/` is a directory of one Parquet part per step.
+
+Why a directory of parts: Parquet files cannot be appended to, and rewriting one file per step
+would leave a window where a kill corrupts it. Each part is written to a temporary name and
+renamed into place (atomic on POSIX), so readers (`pyarrow.dataset`, `pandas.read_parquet`) see
+only whole steps while the trial runs, and a resumed trial drops parts newer than its checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from buffer import metric_names as M
+
+_PART = re.compile(r"^part-(\d{6})\.parquet$")
+
+
+class MetricsLog:
+    """Append-only per-step metric rows under `<trial_dir>/metrics.parquet/`."""
+
+    def __init__(self, trial_dir: Path) -> None:
+        self.root = Path(trial_dir) / "metrics.parquet"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _part(self, step: int) -> Path:
+        return self.root / f"part-{step:06d}.parquet"
+
+    def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
+        """Write one step's row atomically. Missing metrics are simply absent (NaN on read)."""
+        row: dict[str, list] = {M.STEP: [step], M.TIMESTAMP: [float(timestamp)]}
+        for name in sorted(metrics):
+            value = metrics[name]
+            row[name] = [float(value) if value is not None else math.nan]
+        fields = [pa.field(M.STEP, pa.int64()), pa.field(M.TIMESTAMP, pa.float64())]
+        fields += [pa.field(name, pa.float64()) for name in sorted(metrics)]
+        table = pa.table(row, schema=pa.schema(fields))
+        final = self._part(step)
+        tmp = final.with_name(f".{final.name}.tmp")
+        pq.write_table(table, tmp)
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(final)
+
+    def steps(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _PART.match(p.name)))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps > `step` (written by a run killed after its last checkpoint)."""
+        for existing in self.steps():
+            if existing > step:
+                self._part(existing).unlink()
+
+    def read(self) -> pa.Table:
+        """All rows so far, sorted by step; columns are the union over parts."""
+        parts = [str(self._part(s)) for s in self.steps()]
+        if not parts:
+            return pa.table({M.STEP: pa.array([], pa.int64())})
+        table = ds.dataset(parts, format="parquet", schema=_union_schema(parts)).to_table()
+        return table.sort_by(M.STEP)
+
+
+def _union_schema(parts: list[str]) -> pa.Schema:
+    return pa.unify_schemas([pq.read_schema(p) for p in parts])

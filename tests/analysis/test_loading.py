@@ -1,0 +1,142 @@
+"""Reading trial directories: part files, schema drift, gaps, corruption, missing pieces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from analysis.loading import KEY_COLUMNS, load_experiment, read_metrics, trials_dir
+from buffer import metric_names as mn
+
+
+def _info(name: str, **over: object) -> dict:
+    base = {
+        "experiment": "exp",
+        "trial_name": name,
+        "arm": "gspo",
+        "objective": "gspo",
+        "seed": 0,
+        "lag": 0,
+        "mode": "fixed",
+        "status": "completed",
+        "diverged": False,
+        "diverged_reason": None,
+        "steps_planned": 5,
+    }
+    return {**base, **over}
+
+
+def _part(path: Path, columns: dict[str, list]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    arrays = {
+        k: pa.array(v, pa.int64() if k == mn.STEP else pa.float64()) for k, v in columns.items()
+    }
+    pq.write_table(pa.table(arrays), path)
+
+
+def _trial(root: Path, name: str, **over: object) -> Path:
+    trial = root / "trials" / name
+    trial.mkdir(parents=True)
+    (trial / "trial.json").write_text(json.dumps(_info(name, **over)))
+    return trial
+
+
+def test_parts_with_schema_drift_gap_and_duplicates(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.parquet"
+    nan = float("nan")
+    _part(
+        metrics / "part-000000.parquet",
+        {mn.STEP: [0, 1], mn.TIMESTAMP: [10.0, 11.0], mn.EVAL_PASS_RATE: [0.1, nan]},
+    )
+    # part-000001 is absent (gap); part 2 adds a metric and re-writes step 1 (a resume).
+    _part(
+        metrics / "part-000002.parquet",
+        {
+            mn.STEP: [1, 2],
+            mn.TIMESTAMP: [12.0, 13.0],
+            mn.EVAL_PASS_RATE: [nan, 0.3],
+            mn.POLICY_KL_OLD: [0.01, 0.02],
+            "not/a_metric": [1.0, 2.0],
+        },
+    )
+    frame, problems = read_metrics(metrics)
+    assert problems == []
+    assert frame[mn.STEP].tolist() == [0, 1, 2]
+    assert frame[mn.TIMESTAMP].tolist() == [10.0, 12.0, 13.0]  # step 1 from the later part
+    assert np.isnan(frame[mn.POLICY_KL_OLD].iloc[0])  # absent in part 0 -> missing
+    assert "not/a_metric" not in frame.columns  # analysis reads only metric_names
+
+
+def test_corrupt_part_is_reported_and_skipped(tmp_path: Path) -> None:
+    metrics = tmp_path / "metrics.parquet"
+    _part(metrics / "part-000000.parquet", {mn.STEP: [0, 1], mn.EVAL_PASS_RATE: [0.1, 0.2]})
+    (metrics / "part-000001.parquet").write_bytes(b"half-written")
+    frame, problems = read_metrics(metrics)
+    assert frame[mn.STEP].tolist() == [0, 1]
+    assert len(problems) == 1 and "part-000001.parquet" in problems[0]
+
+
+def test_absent_and_empty_metrics(tmp_path: Path) -> None:
+    frame, problems = read_metrics(tmp_path / "metrics.parquet")
+    assert frame.empty and problems == ["metrics.parquet absent"]
+    (tmp_path / "metrics.parquet").mkdir()
+    frame, problems = read_metrics(tmp_path / "metrics.parquet")
+    assert frame.empty and problems == ["no metric rows yet"]
+
+
+def test_load_experiment_tidy_frame_and_problems(tmp_path: Path) -> None:
+    good = _trial(tmp_path, "gspo-s0")
+    _part(
+        good / "metrics.parquet" / "part-000000.parquet",
+        {mn.STEP: [0, 5], mn.TIMESTAMP: [0.0, 5.0], mn.EVAL_PASS_RATE: [0.1, 0.5]},
+    )
+    _trial(tmp_path, "grpo-s0", arm="grpo", status="running")  # no metrics yet
+    (tmp_path / "trials" / "no-json").mkdir()
+    (tmp_path / "trials" / "bad-json").mkdir()
+    (tmp_path / "trials" / "bad-json" / "trial.json").write_text("{not json")
+    experiment = load_experiment(tmp_path)
+
+    assert experiment.trials["trial_name"].tolist() == ["grpo-s0", "gspo-s0"]  # sorted by dir
+    assert list(experiment.metrics.columns) == [
+        *KEY_COLUMNS,
+        mn.STEP,
+        mn.TIMESTAMP,
+        mn.EVAL_PASS_RATE,
+    ]
+    assert experiment.metrics["arm"].unique().tolist() == ["gspo"]
+    problems = experiment.problems.set_index("trial_name")["problem"]
+    assert problems["no-json"] == "trial.json absent"
+    assert "bad-json" in problems.index
+    grpo = problems[["grpo-s0"]].tolist()
+    assert "metrics.parquet absent" in grpo and "status 'running': excluded from scores" in grpo
+
+
+def test_trials_dir_accepts_root_or_trials_and_explains_failure(tmp_path: Path) -> None:
+    _trial(tmp_path, "t0")
+    assert trials_dir(tmp_path) == tmp_path / "trials"
+    assert trials_dir(tmp_path / "trials") == tmp_path / "trials"
+    with pytest.raises(FileNotFoundError, match=r"expected .*trials/<trial_name>/trial\.json"):
+        trials_dir(tmp_path / "trials" / "t0")
+
+
+def test_diverged_flag_from_status(tmp_path: Path) -> None:
+    _trial(tmp_path, "d", status="diverged", diverged=False, diverged_reason="nan loss")
+    trials = load_experiment(tmp_path).trials
+    assert bool(trials["diverged"].iloc[0]) is True
+    assert isinstance(trials, pd.DataFrame)
+
+
+def test_trial_without_evals_is_listed(tmp_path: Path) -> None:
+    trial = _trial(tmp_path, "no-evals")
+    _part(
+        trial / "metrics.parquet" / "part-000000.parquet",
+        {mn.STEP: [0, 1], mn.REWARD_MEAN: [0.1, 0.2]},
+    )
+    problems = load_experiment(tmp_path).problems
+    assert f"no {mn.EVAL_PASS_RATE} values: not scored" in problems["problem"].tolist()

@@ -1,0 +1,97 @@
+"""Shared fixtures: a real redis-server on a free loopback port, with a password, per test."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+
+@dataclass(frozen=True)
+class RedisInstance:
+    """Connection facts of a test redis-server; `url` carries the password."""
+
+    host: str
+    port: int
+    password: str
+    data_dir: Path
+    process: subprocess.Popen
+
+    @property
+    def url(self) -> str:
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host=self.host, port=self.port, password=self.password)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_test_redis(data_dir: Path, appendfsync: str | None = None) -> RedisInstance:
+    """Start redis-server on 127.0.0.1 with a random password; wait until it answers PING."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is missing; scripts/setup.sh installs Debian's redis-server")
+    port = _free_port()
+    password = secrets.token_hex(16)
+    args = [
+        binary,
+        "--bind",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--requirepass",
+        password,
+        "--dir",
+        str(data_dir),
+        "--save",
+        "",
+        "--daemonize",
+        "no",
+        "--loglevel",
+        "warning",
+    ]
+    if appendfsync is not None:
+        args += ["--appendonly", "yes", "--appendfsync", appendfsync]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    instance = RedisInstance("127.0.0.1", port, password, data_dir, process)
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            if instance.client().ping():
+                return instance
+        except redis.exceptions.ConnectionError:
+            time.sleep(0.02)
+    process.kill()
+    pytest.fail(f"redis-server on port {port} did not answer within 10 s")
+
+
+def stop_test_redis(instance: RedisInstance) -> None:
+    instance.process.terminate()
+    try:
+        instance.process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        instance.process.kill()
+        instance.process.wait()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisInstance]:
+    """A fresh, password-protected redis-server for one test, stopped afterwards."""
+    data_dir = tmp_path / "redis"
+    data_dir.mkdir()
+    instance = start_test_redis(data_dir)
+    yield instance
+    stop_test_redis(instance)

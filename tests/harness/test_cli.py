@@ -1,0 +1,48 @@
+"""The `harness` console script as a user runs it (a real subprocess)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_help_lists_commands() -> None:
+    result = harness("--help")
+    assert result.returncode == 0
+    for command in ("run", "trial", "learner", "generator", "report", "config", "ui"):
+        assert command in result.stdout
+
+
+def test_config_show_prints_resolved_config() -> None:
+    result = harness("config", "show", "configs/quickstart.yaml", "learner.lr=2e-4")
+    assert result.returncode == 0, result.stderr
+    assert "lr: 0.0002" in result.stdout
+    assert "eps_low: 0.0003" in result.stdout  # GSPO default filled in
+    assert "config hash:" in result.stdout
+
+
+def test_bad_override_exits_non_zero_naming_field() -> None:
+    result = harness("config", "show", "configs/quickstart.yaml", "learner.lr=abc")
+    assert result.returncode != 0
+    assert "learner.lr" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_config_file_is_a_clear_error() -> None:
+    result = harness("config", "show", "configs/does_not_exist.yaml")
+    assert result.returncode != 0
+    assert "does not exist" in result.stderr

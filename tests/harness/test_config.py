@@ -1,0 +1,89 @@
+"""Config validation: valid configs load; unknown keys, wrong types and bad overrides are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.config import ConfigError, apply_overrides, load_config, parse_override
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return path
+
+
+MINIMAL = "name: t\narms:\n  - {name: gspo, objective: gspo}\n  - {name: grpo, objective: grpo}\n"
+
+
+@pytest.mark.parametrize(
+    "name", ["quickstart.yaml", "gspo_vs_grpo_gpu.yaml", "staleness_sweep.yaml"]
+)
+def test_shipped_configs_are_valid(name: str) -> None:
+    cfg = load_config(REPO / "configs" / name)
+    assert cfg.arms
+
+
+def test_per_objective_clip_defaults(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, MINIMAL))
+    assert (cfg.arm("gspo").eps_low, cfg.arm("gspo").eps_high) == (3e-4, 4e-4)
+    assert (cfg.arm("grpo").eps_low, cfg.arm("grpo").eps_high) == (0.2, 0.2)
+
+
+def test_unknown_key_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"learner\.lrr"):
+        load_config(write(tmp_path, MINIMAL + "learner: {lrr: 1.0}\n"))
+
+
+def test_wrong_type_names_field_and_value(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"generation\.group_size.*'eight'"):
+        load_config(write(tmp_path, MINIMAL + "generation: {group_size: eight}\n"))
+
+
+def test_bad_override_names_field(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"learner\.lr.*'abc'"):
+        load_config(write(tmp_path, MINIMAL), ["learner.lr=abc"])
+
+
+def test_override_parsing_and_arm_addressing(tmp_path: Path) -> None:
+    assert parse_override("learner.lr=1e-5") == (["learner", "lr"], 1e-5)
+    assert parse_override("seeds=[0, 1]") == (["seeds"], [0, 1])
+    cfg = load_config(
+        write(tmp_path, MINIMAL), ["arms.grpo.agg=token-mean", "learner.lr=2e-5", "seeds=[3,4]"]
+    )
+    assert cfg.arm("grpo").agg == "token-mean"
+    assert cfg.learner.lr == 2e-5
+    assert cfg.seeds == [3, 4]
+
+
+def test_override_without_equals_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"section\.field=value"):
+        apply_overrides({}, ["learner.lr"])
+
+
+def test_literal_field_rejects_unknown_choice(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"arms\.0\.objective"):
+        load_config(write(tmp_path, "arms:\n  - {name: x, objective: dpo}\n"))
+
+
+def test_cross_field_check_says_how_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="minibatches"):
+        load_config(
+            write(tmp_path, MINIMAL), ["learner.minibatches=16", "learner.prompts_per_step=8"]
+        )
+
+
+def test_duplicate_arm_names_rejected(tmp_path: Path) -> None:
+    text = "arms:\n  - {name: a, objective: gspo}\n  - {name: a, objective: grpo}\n"
+    with pytest.raises(ConfigError, match="unique"):
+        load_config(write(tmp_path, text))
+
+
+def test_config_hash_changes_with_content(tmp_path: Path) -> None:
+    path = write(tmp_path, MINIMAL)
+    assert load_config(path).config_hash() == load_config(path).config_hash()
+    assert load_config(path).config_hash() != load_config(path, ["learner.lr=0.5"]).config_hash()

@@ -1,0 +1,71 @@
+"""A tiny random Qwen2 policy and hand-built rollout groups for learner tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from buffer.schema import RolloutGroup
+
+VOCAB = 24
+
+
+def tiny_policy(seed: int = 0) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    return Qwen2ForCausalLM(config).float()
+
+
+def save_tiny_policy(directory: Path, seed: int = 0) -> Path:
+    tiny_policy(seed).save_pretrained(directory)
+    return directory
+
+
+def random_groups(
+    n_groups: int, group_size: int, seed: int = 0, version: int = 0, with_logprobs=None
+) -> list[RolloutGroup]:
+    """Groups with ragged responses; behaviour logprobs from `with_logprobs(prompt, resp)`."""
+    rng = np.random.default_rng(seed)
+    groups = []
+    for g in range(n_groups):
+        prompt = rng.integers(3, VOCAB, size=int(rng.integers(2, 5))).tolist()
+        responses = [
+            rng.integers(3, VOCAB, size=int(rng.integers(1, 6))).tolist() for _ in range(group_size)
+        ]
+        logprobs = [
+            with_logprobs(prompt, r) if with_logprobs else (-rng.random(len(r)) - 0.1).tolist()
+            for r in responses
+        ]
+        groups.append(
+            RolloutGroup(
+                run_id="test",
+                group_id=f"g{g}",
+                prompt_index=g,
+                prompt_ids=prompt,
+                response_ids=responses,
+                behavior_logprobs=logprobs,
+                rewards=rng.integers(0, 2, size=group_size).astype(float).tolist(),
+                reward_infos=["{}"] * group_size,
+                finish_reasons=["stop"] * group_size,
+                policy_version=version,
+                generator_id="gen-test",
+                created_at=datetime.now(UTC),
+            )
+        )
+    return groups
