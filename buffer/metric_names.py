@@ -57,13 +57,30 @@ PERF_WEIGHT_SYNC_S: Final = "perf/weight_sync_s"
 
 VALUE_LOSS: Final = "value/loss"
 VALUE_EXPLAINED_VAR: Final = "value/explained_var"
+VALUE_CLIP_FRAC: Final = "value/clip_frac"
+VALUE_MEAN: Final = "value/value_mean"
+VALUE_RETURN_MEAN: Final = "value/return_mean"
 
 MOE_LOAD_IMBALANCE: Final = "moe/load_imbalance"
 MOE_ROUTER_ENTROPY: Final = "moe/router_entropy"
 MOE_ROUTING_CHANGE_FRAC: Final = "moe/routing_change_frac"
 
+# Every per-step metric, in a stable order: each row of metrics.parquet carries all of them
+# (NaN where not measured), so every part file has the same schema and any Parquet reader,
+# pandas included, sees every column.
+ALL_METRICS: Final[tuple[str, ...]] = tuple(
+    value for name, value in sorted(globals().items()) if name.isupper() and "/" in str(value)
+)
+
 # Prefix of metrics that depend on wall-clock timing; excluded from bitwise-reproducibility checks.
 TIMING_PREFIX: Final = "perf/"
+# Timing-dependent too: how many groups happened to be waiting when the step ended.
+TIMING_DEPENDENT: Final[frozenset[str]] = frozenset({BUFFER_DEPTH})
+
+
+def is_timing_dependent(name: str) -> bool:
+    """True for metrics that differ between two runs of the same trial (wall clock, queueing)."""
+    return name.startswith(TIMING_PREFIX) or name in TIMING_DEPENDENT
 
 # Trial status, written by the learner at the end of the run into metadata (not a per-step metric).
 DIVERGED: Final = "diverged"

@@ -52,9 +52,9 @@ class ModelConfig(BaseModel):
     max_seq_len: int = Field(default=64, gt=0, description="Context length, prompt + response.")
     init_seed: int = Field(default=0, description="Seed of the built-in weights and warm start.")
     warm_start_steps: int = Field(
-        default=300, ge=0, description="Supervised warm-start updates on the task (built-in)."
+        default=450, ge=0, description="Supervised warm-start updates on the task (built-in)."
     )
-    warm_start_lr: float = Field(default=3e-3, gt=0, description="Warm-start learning rate.")
+    warm_start_lr: float = Field(default=1e-3, gt=0, description="Warm-start learning rate.")
     warm_start_batch_size: int = Field(default=64, gt=0, description="Warm-start batch size.")
     cache_dir: str = Field(
         default="~/.cache/gspo-harness/models",

@@ -16,6 +16,7 @@ from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
 from buffer.weight_store import WeightStore
 from harness.config import ExperimentConfig
 from harness.model_factory import build_model_dir
+from harness.rewards import make_reward_fn
 from harness.tasks import make_task
 from harness.tokenizer import load_tokenizer
 from harness.trial_spec import TrialPaths, TrialSpec, write_json_atomic
@@ -27,6 +28,7 @@ def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
     """Greedy pass rate on the fixed held-out split (the same prompts for every arm and seed)."""
     task = make_task(cfg.task)
     tokenizer = load_tokenizer(model_dir)
+    reward_fn = make_reward_fn(cfg.task)
     prompts = task.eval_prompts(cfg.learner.eval_size)
 
     def evaluate(model: nn.Module) -> float:
@@ -34,7 +36,7 @@ def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
         model.eval()
         try:
             return greedy_pass_rate(
-                model, tokenizer, task, prompts, cfg.generation.max_new_tokens, cfg.task
+                model, tokenizer, reward_fn, prompts, max_new_tokens=cfg.generation.max_new_tokens
             )
         finally:
             model.train(was_training)

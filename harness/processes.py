@@ -51,6 +51,8 @@ class Child:
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         log.close()
+        # Operators (and the kill/resume tests) find a component by its pid file.
+        self.log_path.with_suffix(".pid").write_text(str(self.process.pid))
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()

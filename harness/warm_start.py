@@ -5,6 +5,8 @@ noise. The warm start trains on the task's training stream (prompt + answer + EO
 answer and EOS tokens only) just long enough that the greedy pass rate on the eval split is
 non-trivial but far from solved: the RL arms then compete over the remaining headroom. The pass
 rate is controlled by `model.warm_start_steps` and measured, not assumed (`WarmStartReport`).
+The target response is the prompt's ground truth, also for `file` tasks (so a file whose ground
+truths are not literal answers makes a poor warm start: use a pre-trained `model.path` there).
 
 Determinism: all randomness comes from `torch.manual_seed(init_seed)` inside `fork_rng` (the
 caller's global RNG state is restored afterwards) and from the task stream of seed `init_seed`;

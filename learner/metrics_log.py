@@ -20,6 +20,10 @@ import pyarrow.parquet as pq
 from buffer import metric_names as M
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
+METRICS_SCHEMA = pa.schema(
+    [pa.field(M.STEP, pa.int64()), pa.field(M.TIMESTAMP, pa.float64())]
+    + [pa.field(name, pa.float64()) for name in M.ALL_METRICS]
+)
 
 
 class MetricsLog:
@@ -33,14 +37,18 @@ class MetricsLog:
         return self.root / f"part-{step:06d}.parquet"
 
     def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
-        """Write one step's row atomically. Missing metrics are simply absent (NaN on read)."""
+        """Write one step's row atomically, with every registered metric (NaN if unmeasured).
+
+        Unknown names are refused: metric names come from `buffer.metric_names` only.
+        """
+        unknown = sorted(set(metrics) - set(M.ALL_METRICS))
+        if unknown:
+            raise KeyError(f"metrics {unknown} are not in buffer.metric_names; register them there")
         row: dict[str, list] = {M.STEP: [step], M.TIMESTAMP: [float(timestamp)]}
-        for name in sorted(metrics):
-            value = metrics[name]
-            row[name] = [float(value) if value is not None else math.nan]
-        fields = [pa.field(M.STEP, pa.int64()), pa.field(M.TIMESTAMP, pa.float64())]
-        fields += [pa.field(name, pa.float64()) for name in sorted(metrics)]
-        table = pa.table(row, schema=pa.schema(fields))
+        for name in M.ALL_METRICS:
+            value = metrics.get(name)
+            row[name] = [math.nan if value is None else float(value)]
+        table = pa.table(row, schema=METRICS_SCHEMA)
         final = self._part(step)
         tmp = final.with_name(f".{final.name}.tmp")
         pq.write_table(table, tmp)

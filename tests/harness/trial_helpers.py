@@ -1,0 +1,85 @@
+"""Run real trials (subprocesses with their own Redis) and read their results back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from buffer import metric_names as M
+from harness.trial_spec import read_json
+from learner.metrics_log import MetricsLog
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A small, fast trial on the built-in task: 4 prompts x 4 samples per step, short answers.
+SMALL = [
+    "generation.group_size=4",
+    "learner.prompts_per_step=4",
+    "learner.eval_every=2",
+    "learner.eval_size=16",
+    "learner.checkpoint_every=2",
+    "learner.lr=1e-3",
+    "buffer.max_depth=64",
+]
+
+
+def trial_command(out: Path, arm: str, *, steps: int, lag: int = 0, mode: str = "fixed",
+                  backend: str = "torch", resume: bool = False, extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+    args = [
+        sys.executable, "-m", "harness.cli", "trial", str(REPO / "configs/quickstart.yaml"),
+        "--arm", arm, "--seed", "0", "--lag", str(lag), "--mode", mode,
+        "--out", str(out), "--steps", str(steps),
+    ]  # fmt: skip
+    if resume:
+        args.append("--resume")
+    return [*args, *SMALL, f"generation.backend={backend}", *extra]
+
+
+def run_trial(out: Path, arm: str, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        trial_command(out, arm, **kwargs),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=REPO,
+    )
+    return result
+
+
+def metrics(out: Path) -> pd.DataFrame:
+    return MetricsLog(out).read().to_pandas().set_index(M.STEP)
+
+
+def deterministic_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    keep = [c for c in frame.columns if c != M.TIMESTAMP and not M.is_timing_dependent(c)]
+    return frame[keep]
+
+
+def status(out: Path) -> str:
+    info = read_json(out / "trial.json")
+    return "" if info is None else info["status"]
+
+
+def wait_for_step(out: Path, step: int, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    log = MetricsLog(out)
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"trial exited early with {process.returncode}")
+        if log.root.exists() and step in log.steps():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"step {step} not reached in {timeout_s} s")
+
+
+def kill_component(out: Path, name: str) -> int:
+    pid = int((out / "logs" / f"{name}.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    return pid
