@@ -29,7 +29,7 @@ from buffer.streams import RolloutSource, Telemetry, VersionRegistry
 from buffer.weight_store import WeightStore
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
-from learner.metrics_log import MetricsLog
+from learner.metrics_log import GroupLedger, MetricsLog
 from learner.models import build_step_models, checkpoint_modules
 from learner.step import DivergenceError, StepModels, train_on_batch
 
@@ -119,6 +119,7 @@ def run_learner(
     modules = checkpoint_modules(models)
     checkpoints = CheckpointStore(task.trial_dir / "checkpoints")
     metrics_log = MetricsLog(task.trial_dir)
+    ledger = GroupLedger(task.trial_dir)
     state = TrainingState()
     # A resumed learner restarts at its checkpoint; generators may then need versions back to
     # (checkpoint - lag), so keep every version since the last checkpoint, plus the lag.
@@ -126,8 +127,10 @@ def run_learner(
     if resume and checkpoints.latest_step() is not None:
         state = checkpoints.load(modules)
         metrics_log.truncate_after(state.step)
+        ledger.truncate_after(state.step)
     else:
         metrics_log.truncate_after(-1)
+        ledger.truncate_after(-1)
         location = weights.write(0, models.policy.module, config_dir=task.model_dir)
         versions.publish(0, location)
         pass_rate = evaluate(models.policy.module)
@@ -179,9 +182,20 @@ def run_learner(
         if is_checkpoint:
             _commit(checkpoints, state, modules, buffer, uncommitted)
         metrics_log.append(state.step, time.time(), metrics)
+        ledger.record(state.step, [_provenance(d) for d in deliveries])
         if on_step is not None:
             on_step(state.step, metrics)
     return LearnerOutcome("completed", state.step, None, metrics)
+
+
+def _provenance(delivery) -> dict[str, object]:
+    group = delivery.group
+    return {
+        "group_id": group.group_id,
+        "prompt_index": group.prompt_index,
+        "policy_version": group.policy_version,
+        "generator_id": group.generator_id,
+    }
 
 
 def _take(buffer, task: LearnerTask, step: int, trained: set[str]) -> list:

@@ -8,6 +8,7 @@ only whole steps while the trial runs, and a resumed trial drops parts newer tha
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -76,3 +77,34 @@ class MetricsLog:
 
 def _union_schema(parts: list[str]) -> pa.Schema:
     return pa.unify_schemas([pq.read_schema(p) for p in parts])
+
+
+class GroupLedger:
+    """Which groups each step trained, from which generator and policy version.
+
+    One small JSON file per step under `<trial_dir>/trained_groups/`, written atomically and
+    truncated on resume exactly like the metrics, so it is the audit trail of exactly-once
+    training: every group id appears once across the ledger.
+    """
+
+    def __init__(self, trial_dir: Path) -> None:
+        self.root = Path(trial_dir) / "trained_groups"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def record(self, step: int, rows: list[dict[str, object]]) -> None:
+        final = self.root / f"step-{step:06d}.json"
+        tmp = final.with_name(f".{final.name}.tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(final)
+
+    def truncate_after(self, step: int) -> None:
+        for path in self.root.glob("step-*.json"):
+            if int(path.stem.split("-")[1]) > step:
+                path.unlink()
+
+    def read(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for path in sorted(self.root.glob("step-*.json")):
+            step = int(path.stem.split("-")[1])
+            rows += [{"step": step, **row} for row in json.loads(path.read_text())]
+        return rows

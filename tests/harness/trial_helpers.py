@@ -29,8 +29,17 @@ SMALL = [
 ]
 
 
-def trial_command(out: Path, arm: str, *, steps: int, lag: int = 0, mode: str = "fixed",
-                  backend: str = "torch", resume: bool = False, extra: tuple[str, ...] = ()) -> list[str]:  # fmt: skip
+def trial_command(
+    out: Path,
+    arm: str,
+    *,
+    steps: int,
+    lag: int = 0,
+    mode: str = "fixed",
+    backend: str = "torch",
+    resume: bool = False,
+    extra: tuple[str, ...] = (),
+) -> list[str]:
     args = [
         sys.executable, "-m", "harness.cli", "trial", str(REPO / "configs/quickstart.yaml"),
         "--arm", arm, "--seed", "0", "--lag", str(lag), "--mode", mode,

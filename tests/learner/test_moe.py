@@ -1,0 +1,277 @@
+"""MoE routing: capture, replay (against the unpatched router), metrics, and learner steps.
+
+The tiny Qwen3-MoE here (4 experts, top-2, 2 layers) is random-initialised with a wide init so the
+router has clear preferences; a large learning rate then moves some tokens to other experts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+from buffer import metric_names as M
+from buffer.collate import RolloutBatch, collate
+from learner.config import ArmConfig, LearnerConfig
+from learner.forward import policy_logprobs
+from learner.models import build_step_models
+from learner.moe import (
+    Routing,
+    StepRouting,
+    capture_routing,
+    is_moe,
+    load_imbalance_per_layer,
+    predicting_positions,
+    replay_routing,
+    replayed_scores,
+    router_entropy_per_layer,
+    routing_change_per_layer,
+    routing_metrics,
+)
+from learner.step import train_on_batch
+from tests.learner.test_step import GROUP_SIZE
+from tests.learner.tiny import VOCAB, random_groups, tiny_policy
+
+EXPERTS, TOP_K, LAYERS = 4, 2, 2
+
+
+def tiny_moe_config() -> Qwen3MoeConfig:
+    return Qwen3MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=32,
+        moe_intermediate_size=32,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        num_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        max_position_embeddings=64,
+        initializer_range=0.2,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+        tie_word_embeddings=True,
+    )
+
+
+def tiny_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Qwen3MoeForCausalLM(tiny_moe_config()).float().eval()
+
+
+def moe_batch(model: torch.nn.Module, n_groups: int = 4) -> RolloutBatch:
+    """Ragged groups whose behaviour logprobs are the model's own (an on-policy start)."""
+
+    def logprobs(prompt: list[int], response: list[int]) -> list[float]:
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            lp, _ = policy_logprobs(model, ids, torch.ones_like(ids))
+        return lp[0, len(prompt) :].tolist()
+
+    return collate(random_groups(n_groups, GROUP_SIZE, seed=1, with_logprobs=logprobs), pad_id=0)
+
+
+def forward_logits(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
+    with torch.no_grad():
+        return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+
+
+def capture(model: torch.nn.Module, batch: RolloutBatch) -> tuple[Routing, torch.Tensor]:
+    with capture_routing(model) as recorder:
+        logits = forward_logits(model, batch)
+    return recorder.routing(*batch.input_ids.shape), logits
+
+
+# ---- replay against the unpatched router -------------------------------------------------------
+
+
+def test_replayed_scores_hand_worked() -> None:
+    # probs (0.5, 0.3, 0.2); experts {0, 2}: raw gates (0.5, 0.2), renormalised (5/7, 2/7).
+    logits = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    indices = torch.tensor([[0, 2]])
+    raw = replayed_scores(logits, indices, norm_topk_prob=False)
+    torch.testing.assert_close(raw, torch.tensor([[0.5, 0.2]]), rtol=1e-6, atol=0)
+    normed = replayed_scores(logits, indices, norm_topk_prob=True)
+    torch.testing.assert_close(normed, torch.tensor([[5 / 7, 2 / 7]]), rtol=1e-6, atol=0)
+
+
+def test_sparse_block_replaying_its_own_choice_is_bitwise_unchanged() -> None:
+    torch.manual_seed(0)
+    block = Qwen3MoeSparseMoeBlock(tiny_moe_config()).float()
+    torch.nn.init.normal_(block.gate.weight, std=0.5)
+    torch.nn.init.normal_(block.experts.gate_up_proj, std=0.2)
+    torch.nn.init.normal_(block.experts.down_proj, std=0.2)
+    hidden = torch.randn(3, 5, 32)  # (B, L, H)
+    plain = block(hidden)
+    with capture_routing(block) as recorder:
+        block(hidden)
+    routing = recorder.routing(3, 5)
+    assert routing.indices.shape == (1, 3, 5, TOP_K) and routing.logits.shape == (1, 3, 5, EXPERTS)
+    with replay_routing(block, routing):
+        replayed = block(hidden)
+    assert torch.equal(replayed, plain)
+    assert not block._forward_hooks and not block.gate._forward_hooks  # hooks removed on exit
+
+
+def test_replay_really_routes_through_the_given_experts() -> None:
+    model = tiny_moe()
+    batch = moe_batch(model)
+    routing, logits = capture(model, batch)
+    # Every token of every layer forced onto experts {0, 1} (rarely the router's own choice).
+    forced = torch.zeros_like(routing.indices)
+    forced[..., 1] = 1
+    with replay_routing(model, Routing(routing.logits, forced)), capture_routing(model) as seen:
+        replayed_logits = forward_logits(model, batch)
+    assert torch.equal(seen.routing(*batch.input_ids.shape).indices, forced)
+    assert not torch.equal(replayed_logits, logits)
+    with pytest.raises(ValueError, match="Routing.rows"):
+        with replay_routing(model, routing.rows(torch.tensor([0, 1]))):
+            forward_logits(model, batch)
+
+
+# ---- metrics: hand-worked ----------------------------------------------------------------------
+
+
+def test_load_imbalance_hand_worked() -> None:
+    # One layer, 4 tokens, top-1 of 2 experts: loads (3, 1), mean 2 -> max/mean = 1.5.
+    indices = torch.tensor([0, 0, 0, 1]).reshape(1, 1, 4, 1)
+    mask = torch.ones(1, 4)
+    assert load_imbalance_per_layer(indices, mask, 2).tolist() == [1.5]
+    # Masking the last token: loads (3, 0), mean 1.5 -> 2.0 (all on one expert).
+    mask[0, 3] = 0
+    assert load_imbalance_per_layer(indices, mask, 2).tolist() == [2.0]
+
+
+def test_router_entropy_hand_worked() -> None:
+    # Uniform over 4 experts: ln 4; one-hot-ish (logit 100 vs 0): ~0. Masked tokens ignored.
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [100.0, 0.0, 0.0, 0.0]]])[None]  # (1,1,2,4)
+    entropy = router_entropy_per_layer(logits, torch.tensor([[1.0, 0.0]]))
+    torch.testing.assert_close(entropy, torch.tensor([math.log(4)]), rtol=1e-6, atol=0)
+
+
+def test_routing_change_counts_sets_not_order() -> None:
+    # token 0: {0,1} vs {1,0} same set; token 1: {2,3} vs {2,1} differs; token 2 masked out.
+    old = torch.tensor([[0, 1], [2, 3], [0, 1]]).reshape(1, 1, 3, 2)
+    new = torch.tensor([[1, 0], [2, 1], [3, 2]]).reshape(1, 1, 3, 2)
+    change = routing_change_per_layer(old, new, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert change.tolist() == [0.5]
+
+
+def test_predicting_positions_shift_left_by_one() -> None:
+    # Response tokens at 2, 3 are scored by the outputs at positions 1, 2.
+    mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0]])
+    assert predicting_positions(mask).tolist() == [[0.0, 1.0, 1.0, 0.0, 0.0]]
+
+
+def test_routing_metrics_of_identical_captures() -> None:
+    model = tiny_moe()
+    batch = moe_batch(model)
+    routing, _ = capture(model, batch)
+    metrics = routing_metrics(routing, routing, batch.response_mask)
+    assert set(metrics) == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC}
+    assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == 0.0
+    assert 1.0 <= metrics[M.MOE_LOAD_IMBALANCE] <= EXPERTS / TOP_K
+    assert 0.0 < metrics[M.MOE_ROUTER_ENTROPY] <= math.log(EXPERTS)
+
+
+# ---- learner steps on the MoE policy -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("moe")
+    tiny_moe().save_pretrained(directory)
+    return directory
+
+
+ARMS = {
+    "gspo": ArmConfig(name="gspo", objective="gspo"),
+    "grpo": ArmConfig(name="grpo", objective="grpo"),
+    "grpo_replay": ArmConfig(name="grpo_replay", objective="grpo", routing_replay="old"),
+    "ppo": ArmConfig(name="ppo", objective="ppo"),
+}
+
+
+@pytest.mark.parametrize("arm_name", list(ARMS))
+def test_each_arm_trains_the_moe_policy(moe_dir: Path, arm_name: str) -> None:
+    arm = ARMS[arm_name]
+    cfg = LearnerConfig(prompts_per_step=4, minibatches=2, lr=1e-2, old_logprobs="recompute")
+    models = build_step_models(moe_dir, arm, cfg, total_steps=3)
+    before = [p.detach().clone() for p in models.policy.module.parameters()]
+    batch = moe_batch(tiny_moe())
+    for step in range(3):
+        result = train_on_batch(
+            models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
+        )
+        m = result.metrics
+        assert all(math.isfinite(v) for v in m.values()), m
+        assert {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC} <= set(m)
+        assert set(m) <= set(M.ALL_METRICS) | {k for k in m if k.startswith(("policy/", "value/"))}
+    after = list(models.policy.module.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_routing_change_is_zero_without_an_update_and_positive_after_one(moe_dir: Path) -> None:
+    arm = ARMS["grpo"]
+    cfg = LearnerConfig(prompts_per_step=4, lr=0.5, old_logprobs="recompute")
+    models = build_step_models(moe_dir, arm, cfg, total_steps=2)
+    batch = moe_batch(tiny_moe())
+    # Equal rewards: every advantage is 0, so the gradient and AdamW's step are exactly 0.
+    flat = dataclasses.replace(batch, rewards=torch.ones_like(batch.rewards))
+    still = train_on_batch(
+        models, flat, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0
+    )
+    assert still.metrics[M.MOE_ROUTING_CHANGE_FRAC] == 0.0
+    moved = train_on_batch(
+        models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=1
+    )
+    assert moved.metrics[M.MOE_ROUTING_CHANGE_FRAC] > 0.0
+
+
+def test_replay_reproduces_pi_old_and_departs_from_plain_forward_after_update() -> None:
+    model = tiny_moe()
+    batch = moe_batch(model)
+    ids, attn = batch.input_ids, batch.attention_mask
+    routing = StepRouting(model, "old", ids.shape)
+    with torch.no_grad(), routing.capture_old():
+        old_lp, _ = policy_logprobs(model, ids, attn)
+    all_rows = torch.arange(ids.shape[0])
+    with torch.no_grad(), routing.replay(all_rows):
+        replayed_lp, _ = policy_logprobs(model, ids, attn)
+    assert torch.equal(replayed_lp, old_lp)  # unchanged weights: exactly pi_old
+    rows = torch.arange(GROUP_SIZE, 2 * GROUP_SIZE)  # one minibatch (group 1)
+    with torch.no_grad(), routing.replay(rows):
+        minibatch_lp, _ = policy_logprobs(model, ids[rows], attn[rows])
+    torch.testing.assert_close(minibatch_lp, old_lp[rows], rtol=0, atol=1e-6)
+    # A large step on every router: some tokens now prefer other experts.
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight))
+    assert routing.metrics(ids, attn, batch.response_mask)[M.MOE_ROUTING_CHANGE_FRAC] > 0
+    with torch.no_grad(), routing.replay(all_rows):
+        replayed_lp, _ = policy_logprobs(model, ids, attn)
+    with torch.no_grad():
+        plain_lp, _ = policy_logprobs(model, ids, attn)
+    mask = batch.response_mask.bool()
+    assert not torch.equal(replayed_lp[mask], plain_lp[mask])
+
+
+def test_dense_policy_has_no_moe_metrics_and_refuses_replay() -> None:
+    dense = tiny_policy()
+    assert not is_moe(dense) and is_moe(tiny_moe())
+    shape = torch.Size([2, 5])
+    ids = torch.randint(3, VOCAB, (2, 5))
+    assert StepRouting(dense, "off", shape).metrics(ids, torch.ones_like(ids), ids.float()) == {}
+    with pytest.raises(ValueError, match="routing_replay: old needs an MoE policy"):
+        StepRouting(dense, "old", shape)
