@@ -36,6 +36,7 @@ from transformers import (
 )
 
 from harness.config import ModelConfig, TaskConfig
+from harness.provenance import file_digest
 from harness.rewards import make_reward_fn
 from harness.tasks import make_task
 from harness.tokenizer import (
@@ -79,7 +80,7 @@ def builtin_cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
     """Hex digest of everything that determines the built-in model's files."""
     task: dict[str, Any] = task_cfg.model_dump(mode="json")
     if task_cfg.name == "file" and task_cfg.path is not None:
-        task["path_sha256"] = file_sha256(Path(task_cfg.path).expanduser())
+        task["path_sha256"] = file_digest(Path(task_cfg.path).expanduser())
     else:
         task["path"] = None  # no effect on procedural tasks
     payload = {
@@ -91,14 +92,6 @@ def builtin_cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
     }
     canonical = json.dumps(payload, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _common_arch(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
@@ -253,5 +246,5 @@ def weights_digest(model_dir: Path | str) -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\x00")
-        digest.update(bytes.fromhex(file_sha256(path)))
+        digest.update(bytes.fromhex(file_digest(path)))
     return digest.hexdigest()

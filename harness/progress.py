@@ -48,8 +48,9 @@ class MetricsTail:
 
     @property
     def steps_done(self) -> int:
-        """Distinct steps on disk (independent of whether the runner counts from 0 or 1)."""
-        return len(self.steps)
+        """Learner steps completed: rows are numbered by policy version, and row 0 holds only
+        the initial eval, so the highest step on disk is the number of steps trained."""
+        return max(self.steps, default=0)
 
     def poll(self) -> None:
         """Read parts that appeared since the last poll.

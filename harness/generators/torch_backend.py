@@ -99,7 +99,7 @@ class TorchGenerator:
     def load_weights(self, version: int, location: str) -> float:
         """Copy the version's tensors into the model's parameters in place (no re-allocation)."""
         started = time.perf_counter()
-        state = read_state_dict(location)
+        state = _state_in_model_layout(location, self._model)
         missing, unexpected = self._model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if self._model.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
@@ -214,6 +214,23 @@ class TorchGenerator:
             return tokens, logprobs.gather(-1, tokens[:, None])[:, 0]
 
         return choose
+
+
+def _state_in_model_layout(location: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The version's tensors under the model's own parameter names.
+
+    A WeightStore version holds the learner's `state_dict()`, already in the model's layout. A
+    directory from `save_pretrained` may not be: transformers 5 stores MoE experts as fused 3-D
+    tensors (`mlp.experts.gate_up_proj`) but saves them per expert (`mlp.experts.0.gate_proj`),
+    so there the checkpoint is read through `from_pretrained`, which converts the layout.
+    """
+    state = read_state_dict(location)
+    if set(state) <= set(model.state_dict()):
+        return state
+    loaded = AutoModelForCausalLM.from_pretrained(
+        location, dtype=next(model.parameters()).dtype, local_files_only=True
+    )
+    return loaded.state_dict()
 
 
 def _argmax(logits: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,6 +10,15 @@ Facts this module relies on, checked against the installed vLLM (0.32):
   is_checkpoint_format=True)`, then `reset_prefix_cache()` since cached prompt KV came from the old
   weights. (Calling the model's `load_weights` directly fails on CPU: the CPU backend repacks
   linear weights after loading, which `reload_weights` redoes.)
+- MoE models: that reload is wrong on CPU (logprobs off by ~10 nats). The CPU fused-MoE experts
+  (`CPUUnquantizedExperts.process_weights_after_loading`) prepack w13/w2 into a grouped-GEMM
+  layout, but `UnquantizedFusedMoEMethod._setup_kernel` calls it only on the first load
+  (`is_weight_update = self.moe_kernel is not None` skips it), so a reload leaves checkpoint-layout
+  tensors where the kernel reads packed ones. After each reload we redo exactly that prepack
+  (`cpu_prepack_moe_weight`, same ISA, into the same storage): `_repack_cpu_moe`. This is checked
+  for vLLM 0.32 (tests/harness/test_moe_generation.py); on any other version, device or MoE kernel
+  the generator restarts the engine on the new weights instead, which is always right, only slower
+  (`weight_update` says which; see `_weight_update_plan`).
 - `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine in this process: it starts in ~3 s instead
   of ~17 s, thread counts stay under our control, and each decode step returns to our loop, which
   is what lets a generate call have a deadline and be aborted cleanly.
@@ -21,11 +30,12 @@ from __future__ import annotations
 import gc
 import itertools
 import json
+import logging
 import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from harness.generators.base import (
     GENERATE_TIMEOUT_S,
@@ -38,6 +48,14 @@ from harness.generators.base import (
     group_samples,
     set_torch_threads,
 )
+
+logger = logging.getLogger(__name__)
+
+# How a new version reaches the engine: `reload` in place (dense models), `reload_repack` in place
+# plus the CPU fused-MoE prepack vLLM skips on reloads, `restart` a fresh engine on the version.
+WeightUpdate = Literal["reload", "reload_repack", "restart"]
+# vLLM versions whose in-place MoE reload (with `_repack_cpu_moe`) the tests have verified.
+VERIFIED_MOE_RELOAD_VLLM = ("0.32.",)
 
 
 class VLLMGenerator:
@@ -57,17 +75,17 @@ class VLLMGenerator:
         cpu_kvcache_space_gb: int,
         max_model_len: int | None = None,
         timeout_s: float = GENERATE_TIMEOUT_S,
+        weight_update: Literal["auto", "restart"] = "auto",
     ) -> None:
+        """`weight_update`: `auto` picks the fastest way known to be right for this model
+        (`_weight_update_plan`); `restart` always starts a fresh engine on each new version."""
         model_dir = str(model_dir)
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self._max_model_len = max_model_len or int(config["max_position_embeddings"])
         _configure_environment(device, cpu_kvcache_space_gb)
         if device == "cpu":
             _check_cpu_head_size(config, model_dir)
-            set_torch_threads(threads)
-        from vllm import LLM
-
-        engine_args: dict[str, Any] = {
+        self._engine_args: dict[str, Any] = {
             "model": model_dir,
             "dtype": dtype,
             "seed": seed,
@@ -79,18 +97,30 @@ class VLLMGenerator:
             "enforce_eager": device == "cpu",
         }
         if device == "cuda":
-            engine_args["gpu_memory_utilization"] = gpu_memory_utilization
-        self._llm = LLM(**engine_args)
-        if device == "cpu":
-            set_torch_threads(threads)  # the engine's start may have changed it
-        self._engine = self._llm.llm_engine
+            self._engine_args["gpu_memory_utilization"] = gpu_memory_utilization
+        self._device, self._threads = device, threads
         self._eos = eos_token_id
         self.sampling = sampling
         self._timeout_s = timeout_s
         self._ids = itertools.count()
         self._version = 0
+        self._start(model_dir)
+        self.weight_update: WeightUpdate = (
+            "restart" if weight_update == "restart" else _weight_update_plan(self._llm, device)
+        )
+
+    def _start(self, model_dir: str) -> None:
+        """Start an engine on `model_dir` and pay its one-off first-step setup now."""
+        from vllm import LLM
+
+        if self._device == "cpu":
+            set_torch_threads(self._threads)
+        self._llm = LLM(**{**self._engine_args, "model": model_dir})
+        if self._device == "cpu":
+            set_torch_threads(self._threads)  # the engine's start may have changed it
+        self._engine = self._llm.llm_engine
         # The first sampled step pays a one-off setup (~2.5 s on CPU): pay it at start.
-        self.generate([GenRequest(prompt_ids=[eos_token_id], seeds=[0], max_new_tokens=2)])
+        self.generate([GenRequest(prompt_ids=[self._eos], seeds=[0], max_new_tokens=2)])
 
     @property
     def version(self) -> int:
@@ -135,24 +165,53 @@ class VLLMGenerator:
         return [list(out.outputs[0].token_ids) for out in outputs]
 
     def load_weights(self, version: int, location: str) -> float:
-        """Reload weights in place from a version directory; the engine keeps running."""
+        """Make `location`'s weights the engine's; how depends on `self.weight_update`."""
         if not any(Path(location).glob("*.safetensors")):
             raise FileNotFoundError(
                 f"{location} holds no *.safetensors file; pass a WeightStore version directory"
             )
         started = time.perf_counter()
+        if self.weight_update == "restart":
+            self._restart(str(location))
+        else:
+            self._reload(str(location))
+        self._version = version
+        return time.perf_counter() - started
+
+    def _reload(self, location: str) -> None:
+        """In place: vLLM's reload, the MoE prepack it skips (if any), then a fresh prefix cache."""
         # The timeout binds multiprocess executors; in-process the reload is a synchronous read
         # and copy of a local file, bounded by its size.
         self._llm.collective_rpc(
             "reload_weights",
             timeout=LOAD_WEIGHTS_TIMEOUT_S,
-            kwargs={"weights_path": str(location), "is_checkpoint_format": True},
+            kwargs={"weights_path": location, "is_checkpoint_format": True},
         )
+        if self.weight_update == "reload_repack":
+            layers = self._llm.apply_model(_moe_layouts)[0]
+            repacked = self._llm.apply_model(_repack_cpu_moe)[0]
+            if repacked != len(layers):
+                raise RuntimeError(
+                    f"repacked {repacked} of {len(layers)} CPU MoE layers after loading "
+                    f"{location}; the engine's logprobs would be wrong. Use "
+                    "weight_update='restart'"
+                )
         self._llm.reset_prefix_cache()
-        self._version = version
-        return time.perf_counter() - started
+
+    def _restart(self, location: str) -> None:
+        """A fresh engine on the version directory: right for any model, ~10-20 s on CPU."""
+        if not (Path(location) / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{location} has no config.json, so no engine can start on it; write versions "
+                "with WeightStore.write(..., config_dir=<base model dir>)"
+            )
+        self._shutdown()
+        self._start(location)
 
     def close(self) -> None:
+        self._shutdown()
+
+    def _shutdown(self) -> None:
         engine_core = getattr(self._engine, "engine_core", None)
         if engine_core is not None:
             engine_core.shutdown()
@@ -209,6 +268,88 @@ def _sample_of(output: Any, eos: int) -> Sample:
             f"'length', or 'stop' at EOS {eos}"
         )
     return ids, logprobs, reason
+
+
+def _weight_update_plan(llm: Any, device: str) -> WeightUpdate:
+    """`reload` for dense models; `reload_repack` for MoE where `_repack_cpu_moe` is verified
+    (CPU, vLLM 0.32, CPU grouped-GEMM experts); otherwise `restart`, since an in-place reload
+    nobody has checked may serve stale or garbled weights (see the module docstring)."""
+    import vllm
+
+    layouts = llm.apply_model(_moe_layouts)[0]
+    if not layouts:
+        return "reload"
+    verified = vllm.__version__.startswith(VERIFIED_MOE_RELOAD_VLLM)
+    if device == "cpu" and verified and all(kind == CPU_PREPACKED for kind in layouts):
+        return "reload_repack"
+    logger.warning(
+        "vLLM %s on %s with MoE layers %s: in-place weight reload is not verified here, so each "
+        "weight update restarts the engine",
+        vllm.__version__,
+        device,
+        sorted(set(layouts)),
+    )
+    return "restart"
+
+
+# `_moe_layouts` tag of a fused-MoE layer whose experts run vLLM's CPU grouped GEMM on prepacked
+# weights without intermediate padding: the one case `_repack_cpu_moe` fixes.
+CPU_PREPACKED = "cpu_prepacked"
+
+
+def _moe_layouts(model: Any) -> list[str]:
+    """Worker side: one `_layout_tag` per fused-MoE layer of the model."""
+    return [tag for module in model.modules() if (tag := _layout_tag(module)) is not None]
+
+
+def _layout_tag(module: Any) -> str | None:
+    """CPU_PREPACKED, another kernel's `method/experts` class names, or None (not fused MoE)."""
+    from vllm.model_executor.layers.fused_moe import (
+        FusedMoEMethodBase,
+        UnquantizedFusedMoEMethod,
+    )
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    method = getattr(module, "quant_method", None)
+    if not isinstance(method, FusedMoEMethodBase):
+        return None
+    experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
+    plain = isinstance(method, UnquantizedFusedMoEMethod) and isinstance(
+        experts, CPUUnquantizedExperts
+    )
+    if plain and not getattr(experts, "_use_zentorch", True) and _unpadded(experts):
+        return CPU_PREPACKED
+    return f"{type(method).__name__}/{type(experts).__name__}"
+
+
+def _unpadded(experts: Any) -> bool:
+    """True when the CPU experts keep the checkpoint's intermediate size (no zero padding)."""
+    config = experts.moe_config
+    padded = experts._padded_intermediate_size(config)
+    return padded == config.intermediate_size_per_partition
+
+
+def _repack_cpu_moe(model: Any) -> int:
+    """Worker side: redo the CPU experts' prepack after a reload; returns the layers repacked.
+
+    `reload_weights` copies checkpoint-layout w13/w2 into the prepacked parameters (vLLM 0.32
+    skips `CPUUnquantizedExperts.process_weights_after_loading` on weight updates), so packing
+    them once more, in place, gives exactly what a fresh engine computes at load.
+    """
+    import torch
+    from vllm._custom_ops import cpu_prepack_moe_weight
+
+    repacked = 0
+    for module in model.modules():
+        if _layout_tag(module) != CPU_PREPACKED:
+            continue
+        experts = module.quant_method.moe_kernel.fused_experts
+        with torch.no_grad():
+            for name in ("w13_weight", "w2_weight"):
+                weight = getattr(module, name)
+                weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
+        repacked += 1
+    return repacked
 
 
 def _configure_environment(device: str, cpu_kvcache_space_gb: int) -> None:

@@ -135,9 +135,9 @@ def test_replay_really_routes_through_the_given_experts() -> None:
         replayed_logits = forward_logits(model, batch)
     assert torch.equal(seen.routing(*batch.input_ids.shape).indices, forced)
     assert not torch.equal(replayed_logits, logits)
-    with pytest.raises(ValueError, match="Routing.rows"):
-        with replay_routing(model, routing.rows(torch.tensor([0, 1]))):
-            forward_logits(model, batch)
+    two_rows = routing.rows(torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"Routing\.rows"), replay_routing(model, two_rows):
+        forward_logits(model, batch)
 
 
 # ---- metrics: hand-worked ----------------------------------------------------------------------
@@ -215,9 +215,11 @@ def test_each_arm_trains_the_moe_policy(moe_dir: Path, arm_name: str) -> None:
             models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
         )
         m = result.metrics
-        assert all(math.isfinite(v) for v in m.values()), m
-        assert {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC} <= set(m)
-        assert set(m) <= set(M.ALL_METRICS) | {k for k in m if k.startswith(("policy/", "value/"))}
+        # Rows stay version 0, so engine mismatch is measured at step 0 only (NaN after).
+        checked = {k: v for k, v in m.items() if step == 0 or k != M.MISMATCH_KL_BEHAVIOR}
+        assert all(math.isfinite(v) for v in checked.values()), m
+        moe_keys = {k for k in m if k.startswith("moe/")}  # only the registered names
+        assert moe_keys == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC}
     after = list(models.policy.module.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 

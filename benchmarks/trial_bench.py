@@ -1,0 +1,82 @@
+"""Staleness versus utilisation: bounded-mode trials at lag 0, 1, 2, 4, side by side in one run.
+
+For each max lag, one real trial (embedded Redis, a generator process and a learner process)
+runs the same arm, seed and prompts; the script reads its metrics and prints learner steps/s,
+perf/learner_wait_frac and perf/gen_idle_frac, with the speed-up over lag 0 as ratios. At lag 0
+the learner and the generator alternate (one waits while the other works), so on 2 cores the
+ideal speed-up from overlapping them is 2x.
+
+Usage: python benchmarks/trial_bench.py [--quick] [--backend vllm|torch]. The last line printed
+is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from buffer import metric_names as M
+from learner.metrics_log import MetricsLog
+
+REPO = Path(__file__).resolve().parents[1]
+LAGS = (0, 1, 2, 4)
+
+
+def run_trial(out: Path, lag: int, steps: int, backend: str) -> None:
+    command = [
+        sys.executable, "-m", "harness.cli", "trial", str(REPO / "configs/quickstart.yaml"),
+        "--arm", "gspo", "--seed", "0", "--lag", str(lag), "--mode", "bounded",
+        "--out", str(out), "--steps", str(steps), f"generation.backend={backend}",
+        "learner.checkpoint_every=5", "learner.eval_every=1000",
+    ]  # fmt: skip
+    subprocess.run(command, check=True, cwd=REPO, capture_output=True, timeout=1800)
+
+
+def summarise(out: Path, warmup: int) -> dict[str, float]:
+    """Steady-state figures: the first `warmup` steps (engine start, first weights) are skipped."""
+    frame = MetricsLog(out).read().to_pandas().set_index(M.STEP).loc[warmup + 1 :]
+    span = frame[M.TIMESTAMP].iloc[-1] - frame[M.TIMESTAMP].iloc[0]
+    return {
+        "steps_per_s": (len(frame) - 1) / span,
+        "learner_wait_frac": float(np.median(frame[M.PERF_LEARNER_WAIT_FRAC])),
+        "gen_idle_frac": float(frame[M.PERF_GEN_IDLE_FRAC].iloc[-1]),
+        "staleness_mean": float(frame[M.STALENESS_MEAN].mean()),
+        "staleness_max": float(frame[M.STALENESS_MAX].max()),
+        "dropped_stale": float(frame[M.BUFFER_DROPPED_STALE].iloc[-1]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps (under a few minutes)")
+    parser.add_argument("--backend", default="vllm", choices=["vllm", "torch"])
+    args = parser.parse_args()
+    steps, warmup = (12, 2) if args.quick else (40, 5)
+    results: dict[int, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for lag in LAGS:
+            out = Path(tmp) / f"lag{lag}"
+            run_trial(out, lag, steps, args.backend)
+            results[lag] = summarise(out, warmup)
+            print(f"lag {lag}: " + ", ".join(f"{k}={v:.3f}" for k, v in results[lag].items()))
+    base = results[0]["steps_per_s"]
+    summary = {
+        "benchmark": "trial_bench",
+        "backend": args.backend,
+        "steps": steps,
+        "by_lag": {str(lag): {k: round(v, 4) for k, v in r.items()} for lag, r in results.items()},
+        "speedup_over_lag0": {
+            str(lag): round(r["steps_per_s"] / base, 3) for lag, r in results.items()
+        },
+    }
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
