@@ -81,6 +81,3 @@ TIMING_DEPENDENT: Final[frozenset[str]] = frozenset({BUFFER_DEPTH})
 def is_timing_dependent(name: str) -> bool:
     """True for metrics that differ between two runs of the same trial (wall clock, queueing)."""
     return name.startswith(TIMING_PREFIX) or name in TIMING_DEPENDENT
-
-# Trial status, written by the learner at the end of the run into metadata (not a per-step metric).
-DIVERGED: Final = "diverged"

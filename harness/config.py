@@ -191,6 +191,12 @@ class ExperimentConfig(BaseModel):
             raise ValueError(f"arm names must be unique, got {names}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
+        replaying = [arm.name for arm in self.arms if arm.routing_replay == "old"]
+        if replaying and self.model.path == "builtin" and self.model.arch != "qwen3_moe":
+            raise ValueError(
+                f"arms {replaying} set routing_replay=old, but the built-in model is dense "
+                "(model.arch=qwen2); routing replay needs model.arch=qwen3_moe"
+            )
         head_dim = self.model.hidden_size // self.model.num_heads
         if (
             self.model.path == "builtin"

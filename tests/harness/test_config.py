@@ -77,6 +77,13 @@ def test_cross_field_check_says_how_to_fix(tmp_path: Path) -> None:
         )
 
 
+def test_routing_replay_needs_a_moe_model(tmp_path: Path) -> None:
+    text = "arms:\n  - {name: r, objective: grpo, routing_replay: old}\n"
+    with pytest.raises(ConfigError, match="qwen3_moe"):
+        load_config(write(tmp_path, text))
+    assert load_config(write(tmp_path, text), ["model.arch=qwen3_moe"]).arm("r")
+
+
 def test_duplicate_arm_names_rejected(tmp_path: Path) -> None:
     text = "arms:\n  - {name: a, objective: gspo}\n  - {name: a, objective: grpo}\n"
     with pytest.raises(ConfigError, match="unique"):

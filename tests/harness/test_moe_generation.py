@@ -9,6 +9,7 @@ wide init, so routing and next-token distributions are far from uniform.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -176,7 +177,9 @@ def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
         "2",
         *overrides,
     ]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command, check=False, cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     parts = sorted(out.rglob("metrics.parquet"))
     assert parts, f"no metrics.parquet under {out}"
@@ -185,4 +188,4 @@ def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
     assert len(steps) == 2
     for name in (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC):
         values = [table[name][i] for i in steps]
-        assert all(v == v and abs(v) < float("inf") for v in values), (name, values)
+        assert all(math.isfinite(v) for v in values), (name, values)

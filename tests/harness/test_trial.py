@@ -63,6 +63,19 @@ def test_fixed_mode_is_bitwise_reproducible(reference_run: Path, tmp_path: Path)
     assert (first[M.STALENESS_MAX].loc[2:] == 1).all()  # batch k used version k - 1
 
 
+def test_fixed_mode_is_bitwise_reproducible_with_vllm(tmp_path: Path) -> None:
+    """One vLLM-CPU generator per trial: the same claim order, so the same engine batches."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    for out in (first, second):
+        result = run_trial(out, "grpo", steps=3, lag=1, backend="vllm")
+        assert result.returncode == 0, result.stdout + result.stderr
+    pd.testing.assert_frame_equal(
+        deterministic_columns(metrics(first)),
+        deterministic_columns(metrics(second)),
+        check_exact=True,
+    )
+
+
 def test_learner_killed_then_resumed_matches_uninterrupted(
     reference_run: Path, tmp_path: Path
 ) -> None:
