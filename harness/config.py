@@ -118,6 +118,13 @@ class GenerationConfig(BaseModel):
     temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling; 1 = off.")
     num_generators: int = Field(default=1, gt=0, description="Generator processes per trial.")
+    max_prompts_per_call: int | None = Field(
+        default=None,
+        gt=0,
+        description="Most prompts a generator claims and samples in one engine call (default: "
+        "learner.prompts_per_step, one whole batch). With several generators a smaller value "
+        "spreads each batch across them; with one it only shrinks engine batches.",
+    )
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Generator device.")
     threads: int = Field(default=1, gt=0, description="CPU threads per generator process.")
     dtype: Literal["float32", "bfloat16"] = Field(

@@ -117,15 +117,21 @@ class GroupMaker:
 
 
 def claim_batch(
-    tickets: TicketDispenser, generator_id: str, limit: int, per_step: int, carry: list[int]
+    tickets: TicketDispenser,
+    generator_id: str,
+    *,
+    limit: int,
+    per_step: int,
+    carry: list[int],
+    most: int,
 ) -> tuple[list[int], list[int]]:
-    """Claim up to one batch's worth of tickets, all of one batch (so, one policy version).
+    """Claim up to `most` tickets (at most one batch's), all of one batch (so, one version).
 
     A ticket of another batch ends the round and is carried to the next one (it stays leased
     to this generator), so no claim is ever given back and re-raced.
     """
     claimed = list(carry)
-    while len(claimed) < per_step:
+    while len(claimed) < min(most, per_step):
         ticket = tickets.claim(generator_id, limit)
         if ticket is None:
             break
@@ -161,14 +167,24 @@ def run_generator_component(
     per_step = cfg.learner.prompts_per_step
     total = (steps or cfg.learner.steps) * per_step
     stats = GeneratorStats()
+    most = cfg.generation.max_prompts_per_call or per_step
     loaded = 0  # the engine starts on the initial weights, version 0
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
+    buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
 
     while not (stop["flag"] or buffer.stop_requested()):
         current = versions.current()
-        published = 0 if current is None else current[0]
+        if current is None:  # the learner has not published v0 yet: nothing is admissible
+            idle_from = time.monotonic()
+            with contextlib.suppress(TimeoutError):
+                versions.wait_for_version(0, timeout_s=IDLE_POLL_S)
+            stats.idle_s += time.monotonic() - idle_from
+            continue
+        published = current[0]
         limit = min(admission_limit(published, spec.lag, per_step), total)
-        claimed, carry = claim_batch(tickets, generator_id, limit, per_step, carry)
+        claimed, carry = claim_batch(
+            tickets, generator_id, limit=limit, per_step=per_step, carry=carry, most=most
+        )
         if not claimed:
             if tickets.all_done(total):
                 break

@@ -10,16 +10,18 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
 from buffer.server import EmbeddedRedis
+from buffer.streams import RolloutBuffer, connect
 from learner.metrics_log import GroupLedger
 from tests.harness.trial_helpers import REPO, SMALL
 
-STEPS, PROMPTS_PER_STEP = 4, 4
+STEPS, PROMPTS_PER_STEP = 6, 4
 
 
 def component(command: str, out: Path, *extra: str) -> list[str]:
@@ -27,7 +29,7 @@ def component(command: str, out: Path, *extra: str) -> list[str]:
         sys.executable, "-m", "harness.cli", command, str(REPO / "configs/quickstart.yaml"),
         "--arm", "gspo", "--seed", "0", "--lag", "1", "--mode", "fixed",
         "--out", str(out), "--steps", str(STEPS), *extra,
-        *SMALL, "generation.backend=torch",
+        *SMALL, "generation.backend=torch", "generation.max_prompts_per_call=1",
     ]  # fmt: skip
 
 
@@ -36,11 +38,19 @@ def test_two_generators_one_learner_each_group_trained_once(tmp_path: Path) -> N
     (tmp_path / "redis").mkdir()
     with EmbeddedRedis(tmp_path / "redis", appendfsync="everysec") as server:
         env = {**os.environ, "HARNESS_REDIS_URL": server.url, "HARNESS_RUN_ID": "scale-out"}
-        learner = subprocess.Popen(component("learner", out), env=env, cwd=REPO)
         generators = [
             subprocess.Popen(component("generator", out, "--id", name), env=env, cwd=REPO)
             for name in ("gen-a", "gen-b")
         ]
+        # Both generators registered (and idle, waiting for v0) before the learner starts, so
+        # the work is shared whichever process happened to start faster.
+        with connect(server.url) as client:
+            buffer = RolloutBuffer(client, "scale-out")
+            deadline = time.monotonic() + 300
+            while set(buffer.generator_stats()) != {"gen-a", "gen-b"}:
+                assert time.monotonic() < deadline, "generators did not register"
+                time.sleep(0.1)
+        learner = subprocess.Popen(component("learner", out), env=env, cwd=REPO)
         try:
             assert learner.wait(timeout=600) == 0
             for generator in generators:
