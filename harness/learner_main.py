@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -21,6 +22,7 @@ from harness.tasks import make_task
 from harness.tokenizer import load_tokenizer
 from harness.trial_spec import TrialPaths, TrialSpec, write_json_atomic
 from harness.warm_start import greedy_pass_rate
+from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
 
 
@@ -42,6 +44,16 @@ def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
             model.train(was_training)
 
     return evaluate
+
+
+class _RankZeroOnly:
+    """Stands in for Redis, the weight store and eval on ranks > 0, which never use them."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"{name}: only rank 0 talks to Redis, the weight store and eval")
+
+    def __call__(self, *_: object) -> Any:
+        raise RuntimeError("only rank 0 evaluates")
 
 
 def learner_task(
@@ -71,21 +83,34 @@ def run_learner_component(
     steps: int | None,
     resume: bool,
 ) -> LearnerOutcome:
-    """Run the learner to the end of the trial and record its outcome next to the metrics."""
-    task = learner_task(cfg, spec, paths, steps)
-    client = connect(redis_url, cfg.buffer.tls_ca_file)
-    buffer = RolloutBuffer(client, run_id, cfg.buffer)
-    versions = VersionRegistry(client, run_id)
-    weights = WeightStore(paths.weights)
-    outcome = run_learner(
-        task,
-        buffer=buffer,
-        telemetry=Telemetry(client, run_id),
-        versions=versions,
-        weights=weights,
-        evaluate=make_evaluator(cfg, task.model_dir),
-        resume=resume,
-    )
+    """Run the learner to the end of the trial and record its outcome next to the metrics.
+
+    Under `torchrun` every rank runs this; only rank 0 uses the Redis client and writes files.
+    """
+    dist = init_distributed(cfg.learner.device)
+    try:
+        task = learner_task(cfg, spec, paths, steps)
+        if dist.is_main:
+            client = connect(redis_url, cfg.buffer.tls_ca_file)
+            buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
+            versions, weights = VersionRegistry(client, run_id), WeightStore(paths.weights)
+            evaluate = make_evaluator(cfg, task.model_dir)
+        else:
+            buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
+        outcome = run_learner(
+            task,
+            buffer=buffer,
+            telemetry=telemetry,
+            versions=versions,
+            weights=weights,
+            evaluate=evaluate,
+            resume=resume,
+            dist=dist,
+        )
+    finally:
+        shutdown(dist)
+    if not dist.is_main:
+        return outcome
     write_json_atomic(
         paths.learner_outcome,
         {

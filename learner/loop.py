@@ -7,6 +7,10 @@ trained since the previous checkpoint are marked trained and acknowledged in Red
 killed between two checkpoints therefore finds those groups still pending under its consumer
 name, resumes from the checkpoint and retrains them identically (fixed mode is bitwise
 reproducible), and a group is never trained twice across commits.
+
+Data-parallel (`torchrun`, `learner.distributed`): rank 0 alone takes, publishes, evaluates,
+logs and commits; it broadcasts each batch, which keeps the other ranks in lockstep, and every
+rank trains its share of it and loads the checkpoint on resume.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from buffer.streams import RolloutSource, Telemetry, VersionRegistry
 from buffer.weight_store import WeightStore
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
+from learner.distributed import SINGLE, DistContext, broadcast_batch
 from learner.metrics_log import GroupLedger, MetricsLog
-from learner.models import build_step_models, checkpoint_modules
-from learner.step import DivergenceError, StepModels, train_on_batch
+from learner.models import build_step_models, checkpoint_modules, wrap_ddp
+from learner.step import DivergenceError, StepModels, check_group_split, train_on_batch
 
 SPIKE_WINDOW = 20
 
@@ -110,13 +115,16 @@ def run_learner(
     evaluate: Callable[[nn.Module], float],
     resume: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
+    dist: DistContext = SINGLE,
 ) -> LearnerOutcome:
     """Train `task.steps` steps; returns how the run ended. Raises on infrastructure errors."""
     cfg = task.learner
     total_steps = task.steps or cfg.steps
+    check_group_split(cfg.prompts_per_step, cfg.minibatches, dist.world_size)
     configure_determinism(task.seed, cfg.threads)
     models: StepModels = build_step_models(task.model_dir, task.arm, cfg, total_steps)
-    modules = checkpoint_modules(models)
+    modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval use these
+    train_models = wrap_ddp(models, dist)
     checkpoints = CheckpointStore(task.trial_dir / "checkpoints")
     metrics_log = MetricsLog(task.trial_dir)
     ledger = GroupLedger(task.trial_dir)
@@ -126,9 +134,10 @@ def run_learner(
     keep = max(cfg.keep_versions, task.lag + cfg.checkpoint_every + 2)
     if resume and checkpoints.latest_step() is not None:
         state = checkpoints.load(modules)
-        metrics_log.truncate_after(state.step)
-        ledger.truncate_after(state.step)
-    else:
+        if dist.is_main:
+            metrics_log.truncate_after(state.step)
+            ledger.truncate_after(state.step)
+    elif dist.is_main:
         metrics_log.truncate_after(-1)
         ledger.truncate_after(-1)
         location = weights.write(0, models.policy.module, config_dir=task.model_dir)
@@ -141,26 +150,30 @@ def run_learner(
     while state.step < total_steps:
         step = state.step
         t_wait = time.perf_counter()
-        deliveries = _take(buffer, task, step, trained)
+        deliveries = _take(buffer, task, step, trained) if dist.is_main else []
         wait_s = time.perf_counter() - t_wait
         t_train = time.perf_counter()
         groups = [d.group for d in deliveries]
-        batch = collate(groups, pad_id=_pad_id(models))
+        batch = collate(groups, pad_id=_pad_id(models)) if dist.is_main else None
+        batch = broadcast_batch(batch, dist)  # rank 0's batch on every rank
         try:
             result = train_on_batch(
-                models,
+                train_models,
                 batch,
                 arm=task.arm,
                 learner=cfg,
                 group_size=task.group_size,
                 max_len=task.max_new_tokens,
                 version=step,
+                dist=dist,
             )
         except DivergenceError as exc:
             # A divergence ends the trial; its groups stay pending (never marked trained).
             return LearnerOutcome("diverged", state.step, f"step {step}: {exc}", metrics)
         state.step = step + 1
         state.updates += cfg.ppo_epochs * cfg.minibatches
+        if not dist.is_main:
+            continue  # rank 0 alone publishes, evaluates, commits and logs
         location = weights.write(state.step, models.policy.module, config_dir=task.model_dir)
         versions.publish(state.step, location)
         weights.prune(keep=keep, protect={0})

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 
 from learner.config import ArmConfig, LearnerConfig
+from learner.distributed import DistContext
 from learner.schedule import lr_multiplier
 from learner.step import Optimised, StepModels
 from learner.value_model import ValueModel
@@ -62,3 +64,20 @@ def checkpoint_modules(models: StepModels) -> dict[str, object]:
             "value_scheduler": models.value.scheduler,
         }
     return modules
+
+
+def wrap_ddp(models: StepModels, dist: DistContext) -> StepModels:
+    """The same models with policy and critic in DistributedDataParallel (gradients averaged over
+    ranks in backward); `models` itself when single-process. Optimisers keep the same parameters,
+    and state dicts, eval and the weight store keep using the unwrapped `models`."""
+    if dist.world_size == 1:
+        return models
+
+    def ddp(opt: Optimised) -> Optimised:
+        on_cuda = next(opt.module.parameters()).is_cuda
+        device_ids = [dist.local_rank] if on_cuda else None
+        wrapped = DistributedDataParallel(opt.module, device_ids=device_ids)
+        return Optimised(wrapped, opt.optimizer, opt.scheduler)
+
+    value = ddp(models.value) if models.value is not None else None
+    return StepModels(ddp(models.policy), value, models.reference)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -17,6 +18,7 @@ from buffer import metric_names as M
 from buffer.collate import RolloutBatch
 from learner.advantages import gae, group_advantages, terminal_token_rewards, whiten
 from learner.config import ArmConfig, LearnerConfig
+from learner.distributed import SINGLE, DistContext, all_reduce_stats, all_reduce_sum, unwrap
 from learner.forward import policy_logprobs
 from learner.kl import kl_from_log_ratio, truncated_importance_weights
 from learner.masking import masked_mean
@@ -81,6 +83,65 @@ def objective_kwargs(arm: ArmConfig, max_len: int) -> dict[str, object]:
     if arm.objective == "grpo":
         kwargs.update(agg=arm.agg, max_len=max_len)
     return kwargs
+
+
+LossUnits = Literal["tokens", "sequences"]
+
+
+def loss_units(arm: ArmConfig) -> LossUnits:
+    """What the arm's policy loss averages over: `tokens` (token-mean: DAPO, PPO) or `sequences`
+    (non-empty rows: GSPO, GSPO-token, GRPO seq-mean-*). Data-parallel ranks rescale by it."""
+    if arm.objective == "ppo" or (arm.objective == "grpo" and arm.agg == "token-mean"):
+        return "tokens"
+    return "sequences"
+
+
+def _count_units(mask: Tensor, units: LossUnits) -> Tensor:
+    """Response tokens, or non-empty rows, of a [B, T] response mask."""
+    if units == "tokens":
+        return mask.bool().sum()
+    return (mask.bool().sum(-1) > 0).sum()
+
+
+def check_group_split(n_groups: int, minibatches: int, world_size: int) -> None:
+    """Each rank trains whole groups of every minibatch, so each minibatch's group count must be
+    a multiple of the world size."""
+    sizes = [len(g) for g in torch.arange(n_groups).tensor_split(minibatches)]
+    if any(size % world_size for size in sizes):
+        per_step = minibatches * world_size
+        raise ValueError(
+            f"learner.prompts_per_step={n_groups} in learner.minibatches={minibatches} gives "
+            f"minibatches of {sizes} groups, which {world_size} data-parallel ranks cannot split "
+            f"into whole groups; make learner.prompts_per_step a multiple of learner.minibatches "
+            f"x world size (e.g. {per_step * max(1, n_groups // per_step)}) "
+            f"or change --nproc_per_node"
+        )
+
+
+def _rank_rows(rows: Tensor, dist: DistContext) -> Tensor:
+    """This rank's share of a minibatch's rows: rows are whole groups, contiguous, so equal
+    chunks are whole groups (check_group_split)."""
+    return rows.reshape(dist.world_size, -1)[dist.rank]  # (B_mb / W,)
+
+
+def _global_share(loss: Tensor, local_units: Tensor, dist: DistContext, what: str) -> Tensor:
+    """The rank's loss scaled by world_size * local_units / global_units.
+
+    Each rank's objective averages over its own units (tokens or sequences); DDP averages the
+    ranks' gradients. With the factor, that average is the gradient of the loss over the whole
+    minibatch: mean_r W u_r / U * grad(S_r / u_r) = grad(sum_r S_r) / U. The same all_reduce
+    carries a non-finite flag, so every rank raises the divergence together (none is left
+    waiting in backward). Single-process: only the finite check, no factor.
+    """
+    if dist.world_size == 1:
+        _check_finite(what, loss)
+        return loss
+    not_finite = (~torch.isfinite(loss.detach())).double().cpu()
+    local = torch.stack([local_units.double().cpu(), not_finite])
+    total_units, n_bad = all_reduce_sum(local, dist).tolist()
+    if n_bad > 0:
+        raise DivergenceError(f"non-finite {what} on {int(n_bad)} of {dist.world_size} ranks")
+    return loss * (dist.world_size * float(local[0]) / max(total_units, 1.0))
 
 
 def _group_slices(n_groups: int, group_size: int, minibatches: int) -> list[Tensor]:
@@ -148,10 +209,18 @@ def train_on_batch(
     group_size: int,
     max_len: int,
     version: int,
+    dist: DistContext = SINGLE,
 ) -> StepResult:
     """Run the step's updates at policy `version`; raise DivergenceError on a non-finite loss or
-    gradient."""
-    policy = models.policy.module
+    gradient.
+
+    Data-parallel (`dist.world_size > 1`, modules wrapped by `learner.models.wrap_ddp`): every
+    rank holds the whole batch, computes pi_old and advantages on all of it, and trains its
+    share of whole groups of each minibatch; metrics are averaged over ranks.
+    """
+    ddp_policy = models.policy.module
+    policy = unwrap(ddp_policy)  # no-grad passes and MoE hooks skip the DDP wrapper
+    value = models.value.module if models.value else None
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     acc: dict[str, list[float]] = {}
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
@@ -160,7 +229,7 @@ def train_on_batch(
         with routing.capture_old():
             learner_lp, entropy = policy_logprobs(policy, ids, attn)  # (B, T) each
         ref_lp = policy_logprobs(models.reference, ids, attn)[0] if models.reference else None
-        old_values = models.value.module(ids, attn) if models.value else None
+        old_values = unwrap(value)(ids, attn) if value else None
     is_weights, is_stats = truncated_importance_weights(
         learner_lp, batch.behavior_logprobs, mask, learner.is_cap
     )
@@ -173,10 +242,14 @@ def train_on_batch(
     kwargs = objective_kwargs(arm, max_len)
     result = StepResult()
     n_groups = batch.rewards.shape[0] // group_size
+    units = loss_units(arm)
+    if dist.world_size > 1:
+        check_group_split(n_groups, learner.minibatches, dist.world_size)
     for _epoch in range(learner.ppo_epochs):
-        for rows in _group_slices(n_groups, group_size, learner.minibatches):
+        for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
+            rows = _rank_rows(minibatch, dist) if dist.world_size > 1 else minibatch
             with routing.replay(rows):  # MoE routing replay (routing_replay: old)
-                logprobs, _ = policy_logprobs(policy, ids[rows], attn[rows])
+                logprobs, _ = policy_logprobs(ddp_policy, ids[rows], attn[rows])
             loss, stats = objective(
                 logprobs,
                 old_lp[rows],
@@ -186,19 +259,20 @@ def train_on_batch(
                 ref_logprobs=None if ref_lp is None else ref_lp[rows],
                 **kwargs,
             )
-            _check_finite("policy loss", loss)
+            loss = _global_share(loss, _count_units(mask[rows], units), dist, "policy loss")
             result.grad_norms.append(_update(models.policy, loss, learner.grad_clip, "policy"))
             _merge(acc, stats, "policy/")
             if models.value is not None:
-                assert old_values is not None and returns is not None
-                values = models.value.module(ids[rows], attn[rows])
+                assert value is not None and old_values is not None and returns is not None
+                values = value(ids[rows], attn[rows])
                 v_loss, v_stats = value_loss(
                     values, old_values[rows], returns[rows], mask[rows], clip=learner.value_clip
                 )
-                _check_finite("value loss", v_loss)
+                v_units = _count_units(mask[rows], "tokens")  # value_loss is a token mean
+                v_loss = _global_share(v_loss, v_units, dist, "value loss")
                 _update(models.value, v_loss, learner.grad_clip, "value")
                 _merge(acc, v_stats, "value/")
-    metrics = _reduce(acc)
+    metrics = all_reduce_stats(_reduce(acc), dist)  # the rest is the same on every rank
     with torch.no_grad():
         metrics[M.POLICY_ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
     metrics[M.MISMATCH_IS_WEIGHT_MEAN] = is_stats["is_weight_mean"]
