@@ -175,7 +175,7 @@ def run_learner(
         if not dist.is_main:
             continue  # rank 0 alone publishes, evaluates, commits and logs
         location = weights.write(state.step, models.policy.module, config_dir=task.model_dir)
-        versions.publish(state.step, location)
+        publish_unless_done(versions, state.step, location)
         weights.prune(keep=keep, protect={0})
         train_s = time.perf_counter() - t_train
         uncommitted += deliveries
@@ -199,6 +199,18 @@ def run_learner(
         if on_step is not None:
             on_step(state.step, metrics)
     return LearnerOutcome("completed", state.step, None, metrics)
+
+
+def publish_unless_done(versions: VersionRegistry, version: int, location: str) -> None:
+    """Publish `version`, unless a run killed after its last checkpoint already did.
+
+    A resumed learner redoes the steps after its checkpoint and rewrites their weights into the
+    same weight-store directories; the registry never moves backwards, and in fixed mode the
+    redone weights are bitwise the ones already published, so there is nothing to announce.
+    """
+    current = versions.current()
+    if current is None or current[0] < version:
+        versions.publish(version, location)
 
 
 def _provenance(delivery) -> dict[str, object]:
