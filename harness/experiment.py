@@ -25,14 +25,14 @@ from harness.progress import ExperimentProgress
 from harness.scheduler import CommandBuilder, TrialExit, TrialPool, forward_signals, trial_command
 from harness.tracking import Tracker, open_tracker
 from harness.trials import (
+    PlannedTrial,
     TrialOnDisk,
-    TrialSpec,
     classify_trials,
     expand_trials,
     experiment_dir,
 )
 
-__all__ = ["ExperimentResult", "TrialResult", "TrialSpec", "expand_trials", "run_experiment"]
+__all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
 
 LOCK_FILE = ".harness.lock"
 REPORT_DIR = "report"
@@ -51,7 +51,7 @@ class TrialResult:
     (the launch was interrupted first). `skipped`: finished in an earlier launch.
     """
 
-    spec: TrialSpec
+    spec: PlannedTrial
     status: str
     message: str
     skipped: bool = False

@@ -26,7 +26,7 @@ from rich.progress import (
 )
 
 from buffer import metric_names as M
-from harness.trials import METRICS_DIR, TrialSpec
+from harness.trials import METRICS_DIR, PlannedTrial
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
 WATCHED = (M.REWARD_MEAN, M.EVAL_PASS_RATE)
@@ -139,7 +139,7 @@ class ExperimentProgress:
     def _title(self) -> str:
         return f"experiment {self.finished_trials}/{self.total_trials} trials"
 
-    def trial_started(self, spec: TrialSpec, resume: bool) -> None:
+    def trial_started(self, spec: PlannedTrial, resume: bool) -> None:
         tail = MetricsTail(spec.trial_dir)
         tail.poll()
         label = f"  {spec.trial_name}" + (" (resumed)" if resume else "")
@@ -148,7 +148,7 @@ class ExperimentProgress:
         )
         self._trials[spec.trial_name] = (task, tail)
 
-    def trial_finished(self, spec: TrialSpec, status: str, message: str) -> None:
+    def trial_finished(self, spec: PlannedTrial, status: str, message: str) -> None:
         """Drop the trial's line, count it done, and print a permanent line about it."""
         entry = self._trials.pop(spec.trial_name, None)
         summary = ""

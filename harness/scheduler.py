@@ -32,12 +32,12 @@ from harness.trials import (
     TERMINAL_STATUSES,
     TRIAL_JSON,
     TRIAL_LOG,
-    TrialSpec,
+    PlannedTrial,
     read_trial_json,
 )
 
 # (spec, resume) -> argv. Injectable so tests can run a tiny real script in place of a trial.
-CommandBuilder = Callable[[TrialSpec, bool], list[str]]
+CommandBuilder = Callable[[PlannedTrial, bool], list[str]]
 
 DEFAULT_PREFIX = (sys.executable, "-m", "harness.cli")
 POLL_S = 0.1  # how often a waiting pool looks at its children
@@ -57,7 +57,7 @@ def trial_command(
     config = str(Path(config_path).resolve())
     passed = list(overrides)
 
-    def build(spec: TrialSpec, resume: bool) -> list[str]:
+    def build(spec: PlannedTrial, resume: bool) -> list[str]:
         argv = [*prefix, "trial", config, "--arm", spec.arm, "--seed", str(spec.seed)]
         argv += ["--lag", str(spec.lag), "--mode", spec.mode, "--out", str(spec.trial_dir)]
         if steps is not None:
@@ -73,7 +73,7 @@ def trial_command(
 class RunningTrial:
     """A started trial process; its pid is also its process-group id."""
 
-    spec: TrialSpec
+    spec: PlannedTrial
     resume: bool
     process: subprocess.Popen[bytes]
     started: float  # time.monotonic()
@@ -84,7 +84,7 @@ class RunningTrial:
 class TrialExit:
     """How a trial process ended. `status`: completed|diverged|failed|interrupted."""
 
-    spec: TrialSpec
+    spec: PlannedTrial
     resume: bool
     returncode: int | None
     status: str
@@ -202,7 +202,7 @@ class TrialPool:
     def has_room(self) -> bool:
         return len(self.running) < self.max_parallel and self.interrupted is None
 
-    def start(self, spec: TrialSpec, resume: bool) -> RunningTrial:
+    def start(self, spec: PlannedTrial, resume: bool) -> RunningTrial:
         """Start one trial in its own session, appending its output to trial.log."""
         if not self.has_room():
             raise RuntimeError(f"cannot start {spec.trial_name}: the pool is full or interrupted")

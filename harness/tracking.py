@@ -40,7 +40,7 @@ from harness.tracking_trial import (
     log_trial_files,
     redact,
 )
-from harness.trials import TrialOnDisk, TrialSpec, read_trial_json
+from harness.trials import PlannedTrial, TrialOnDisk, read_trial_json
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
@@ -136,9 +136,9 @@ class Tracker(Protocol):
 
     def trial_done_before(self, trial: TrialOnDisk) -> None: ...
 
-    def trial_started(self, spec: TrialSpec, resume: bool) -> None: ...
+    def trial_started(self, spec: PlannedTrial, resume: bool) -> None: ...
 
-    def trial_ended(self, spec: TrialSpec, status: str, message: str) -> None: ...
+    def trial_ended(self, spec: PlannedTrial, status: str, message: str) -> None: ...
 
     def log_report(self, report_dir: Path, summary: pd.DataFrame, logger: ReportLogger) -> None: ...
 
@@ -157,10 +157,10 @@ class NullTracker:
     def trial_done_before(self, trial: TrialOnDisk) -> None:
         return None
 
-    def trial_started(self, spec: TrialSpec, resume: bool) -> None:
+    def trial_started(self, spec: PlannedTrial, resume: bool) -> None:
         return None
 
-    def trial_ended(self, spec: TrialSpec, status: str, message: str) -> None:
+    def trial_ended(self, spec: PlannedTrial, status: str, message: str) -> None:
         return None
 
     def log_report(self, report_dir: Path, summary: pd.DataFrame, logger: ReportLogger) -> None:
@@ -246,12 +246,12 @@ class MlflowTracker:
         run_id = self._child_for_attempt(trial.spec)
         self._log_result(trial.spec, run_id, str(trial.status), "finished in an earlier launch")
 
-    def trial_started(self, spec: TrialSpec, resume: bool) -> None:
+    def trial_started(self, spec: PlannedTrial, resume: bool) -> None:
         run_id = self._child_for_attempt(spec)
         self.client.update_run(run_id, status="RUNNING")
         log_tags(self.client, run_id, {"status": "running", "harness.resumed": resume})
 
-    def trial_ended(self, spec: TrialSpec, status: str, message: str) -> None:
+    def trial_ended(self, spec: PlannedTrial, status: str, message: str) -> None:
         """Log a trial that just exited; an interrupted one only gets its status."""
         record = self.registry.child(spec.trial_name)
         live = record is not None and self._live(record.run_id)
@@ -272,7 +272,7 @@ class MlflowTracker:
         if self.parent_run_id is not None:
             self.client.set_terminated(self.parent_run_id, status)
 
-    def _log_result(self, spec: TrialSpec, run_id: str, status: str, message: str) -> None:
+    def _log_result(self, spec: PlannedTrial, run_id: str, status: str, message: str) -> None:
         info = read_trial_json(spec.trial_dir) or {}
         log_trial_files(self.client, run_id, spec, info, self.out_dir)
         log_tags(self.client, run_id, {"status": status, "harness.message": message})
@@ -280,7 +280,7 @@ class MlflowTracker:
         self.client.set_terminated(run_id, RUN_STATUS.get(status, "FAILED"), end_time=end)
         self._record(spec, run_id, status, metrics_logged=True)
 
-    def _record(self, spec: TrialSpec, run_id: str, status: str, metrics_logged: bool) -> None:
+    def _record(self, spec: PlannedTrial, run_id: str, status: str, metrics_logged: bool) -> None:
         info_hash = None
         with contextlib.suppress(ValueError):  # unreadable trial.json: nothing to record
             info_hash = (read_trial_json(spec.trial_dir) or {}).get("config_hash")
@@ -295,7 +295,7 @@ class MlflowTracker:
             return False
         return run.info.lifecycle_stage != "deleted"
 
-    def _child_for_attempt(self, spec: TrialSpec) -> str:
+    def _child_for_attempt(self, spec: PlannedTrial) -> str:
         """The child run to log this attempt into, moved under this launch's parent.
 
         Reused if it holds no metrics yet (e.g. the trial was interrupted); otherwise the old
@@ -310,7 +310,7 @@ class MlflowTracker:
             self.client.delete_run(record.run_id)
         return self._create_child(spec)
 
-    def _create_child(self, spec: TrialSpec) -> str:
+    def _create_child(self, spec: PlannedTrial) -> str:
         if self._cfg is None or self.parent_run_id is None:
             raise RuntimeError("start_experiment() must run before any trial is tracked")
         tags = {PARENT_TAG: self.parent_run_id, "trial_name": spec.trial_name}

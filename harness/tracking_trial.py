@@ -38,7 +38,7 @@ from harness.trials import (
     RESOLVED_CONFIG,
     TRIAL_JSON,
     TRIAL_LOG,
-    TrialSpec,
+    PlannedTrial,
 )
 from learner.metrics_log import MetricsLog
 
@@ -127,7 +127,7 @@ def log_tags(client: MlflowClient, run_id: str, tags: dict[str, Any]) -> None:
         )
 
 
-def trial_tags(spec: TrialSpec, info: dict[str, Any]) -> dict[str, Any]:
+def trial_tags(spec: PlannedTrial, info: dict[str, Any]) -> dict[str, Any]:
     """Tags of a child run: grid keys, trial.json facts and the trial's own provenance."""
     tags: dict[str, Any] = {
         "trial_name": spec.trial_name,
@@ -259,7 +259,7 @@ def stage_trial_files(trial_dir: Path, staging: Path) -> int:
 
 
 def log_trial_files(
-    client: MlflowClient, run_id: str, spec: TrialSpec, info: dict[str, Any], staging_root: Path
+    client: MlflowClient, run_id: str, spec: PlannedTrial, info: dict[str, Any], staging_root: Path
 ) -> int:
     """Log a trial's metrics, prompt dataset and files to its run; returns metrics logged."""
     logged = 0

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harness.config import ExperimentConfig
-from harness.trial_spec import TrialSpec as RunnerSpec
+from harness.trial_spec import TrialSpec
 
 TRIALS_DIR = "trials"
 TRIAL_JSON = "trial.json"
@@ -36,8 +36,9 @@ class TrialStateError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class TrialSpec:
-    """One cell of the grid: what to run and where its files go."""
+class PlannedTrial:
+    """One cell of the grid as the experiment plans it: the runner's `TrialSpec` fields plus the
+    objective and the trial directory."""
 
     arm: str
     objective: str
@@ -56,7 +57,7 @@ class TrialOnDisk:
     with `--resume`), `done` (completed or diverged: skip). `problem` is a warning to print.
     """
 
-    spec: TrialSpec
+    spec: PlannedTrial
     state: TrialState
     status: str | None
     info: dict[str, Any]
@@ -69,7 +70,7 @@ def trial_name(arm: str, seed: int, lag: int, mode: str) -> str:
     Delegates to the trial runner's own spec, so the directory the grid expects and the name
     the runner writes into trial.json cannot drift apart.
     """
-    return RunnerSpec(arm=arm, seed=seed, lag=lag, mode=mode).name  # type: ignore[arg-type]
+    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode).name  # type: ignore[arg-type]
 
 
 def experiment_dir(cfg: ExperimentConfig) -> Path:
@@ -77,7 +78,7 @@ def experiment_dir(cfg: ExperimentConfig) -> Path:
     return (Path(cfg.output_dir).expanduser() / cfg.name).resolve()
 
 
-def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[TrialSpec]:
+def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[PlannedTrial]:
     """Every (seed, lag, arm) trial, seed-major.
 
     Why seed-major: trials run in this order, so an experiment stopped half way holds whole
@@ -91,7 +92,9 @@ def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[Tr
         for lag in cfg.staleness.lags:
             for arm in cfg.arms:
                 name = trial_name(arm.name, seed, lag, mode)
-                specs.append(TrialSpec(arm.name, arm.objective, seed, lag, mode, name, root / name))
+                specs.append(
+                    PlannedTrial(arm.name, arm.objective, seed, lag, mode, name, root / name)
+                )
     return specs
 
 
@@ -115,7 +118,7 @@ def read_trial_json(trial_dir: Path) -> dict[str, Any] | None:
     return info
 
 
-def _check_identity(spec: TrialSpec, info: dict[str, Any]) -> None:
+def _check_identity(spec: PlannedTrial, info: dict[str, Any]) -> None:
     """Refuse to skip or resume a directory that holds another trial (e.g. a copied dir)."""
     expected = {"arm": spec.arm, "seed": spec.seed, "lag": spec.lag, "mode": spec.mode}
     for key, want in expected.items():
@@ -144,7 +147,7 @@ def _mismatch(info: dict[str, Any], config_hash: str | None, steps: int | None) 
 
 
 def classify_trial(
-    spec: TrialSpec, config_hash: str | None = None, steps: int | None = None
+    spec: PlannedTrial, config_hash: str | None = None, steps: int | None = None
 ) -> TrialOnDisk:
     """Decide whether `spec` is to be started, resumed or skipped, from its trial.json.
 
@@ -170,7 +173,7 @@ def classify_trial(
 
 
 def classify_trials(
-    specs: list[TrialSpec], config_hash: str | None = None, steps: int | None = None
+    specs: list[PlannedTrial], config_hash: str | None = None, steps: int | None = None
 ) -> list[TrialOnDisk]:
     """`classify_trial` for each spec, in grid order."""
     return [classify_trial(spec, config_hash, steps) for spec in specs]
