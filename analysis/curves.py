@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.stats import BootstrapSpec, aggregate_interval, iqm
 from analysis.summary import row
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 CURVE_COLUMNS = ["arm", "lag", "trial_name", "seed", "step", "value"]
 AGG_COLUMNS = ["arm", "lag", "step", "iqm", "low", "high", "n"]

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 TRIAL_JSON = "trial.json"
 METRICS_DIR = "metrics.parquet"

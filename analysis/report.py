@@ -25,7 +25,7 @@ from analysis.staleness import frontier_table, staleness_rows
 from analysis.stats import BootstrapSpec
 from analysis.summary import row, to_frame
 from analysis.trial_scores import finished, score_trials
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 DIAGNOSTICS = {"clip fraction": mn.POLICY_CLIP_FRAC, "KL to old policy": mn.POLICY_KL_OLD}
 

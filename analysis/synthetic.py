@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 
 @dataclass(frozen=True)

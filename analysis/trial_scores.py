@@ -13,7 +13,7 @@ import pandas as pd
 
 from analysis.config import ReportConfig
 from analysis.loading import Experiment
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 SCORE_COLUMNS = [
     "final_score",

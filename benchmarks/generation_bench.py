@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.generators import GenRequest, SamplingSettings, sample_seed
 from harness.generators.base import set_torch_threads
 from harness.generators.torch_backend import TorchGenerator
-from harness.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
+from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from buffer import metric_names as M
+from contract import metrics as M
 from learner.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-StalenessMode = Literal["fixed", "bounded"]
+from contract.trial import StalenessMode
+
 AppendFsync = Literal["off", "everysec", "always"]
 
 

@@ -1,7 +1,7 @@
 """Run counters and generator telemetry, stored in Redis so the learner can log all of them.
 
 Generators write their own figures (tokens/s, idle fraction, weight-sync seconds: the `perf/*`
-names of buffer.metric_names) into one hash each; the learner reads every generator's hash plus the
+names of contract.metrics) into one hash each; the learner reads every generator's hash plus the
 buffer's counters at each step. Values are parsed with float(); nothing is evaluated.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping
 
 import redis
 
-from buffer import metric_names as m
 from buffer.connection import RunKeys
+from contract import metrics as m
 
 # Fields of the run's counters hash (RunKeys.counters).
 DEAD_LETTER = "dead_letter"

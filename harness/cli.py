@@ -69,7 +69,7 @@ StepsOpt = Annotated[
 
 
 def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: str):
-    from harness.trial_spec import TrialSpec
+    from contract.trial import TrialSpec
 
     if mode not in ("fixed", "bounded"):
         raise fail(f"--mode must be `fixed` or `bounded`, got {mode!r}")
@@ -107,7 +107,7 @@ def trial(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one trial: embedded Redis (unless configured), generator(s) and learner processes."""
-    from harness.trial import TrialFailedError, run_trial
+    from harness.trial.supervisor import TrialFailedError, run_trial
 
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
@@ -138,8 +138,8 @@ def learner(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one learner against a Redis URL ($HARNESS_REDIS_URL) and run id ($HARNESS_RUN_ID)."""
-    from harness.learner_main import run_learner_component
-    from harness.trial_spec import TrialPaths
+    from contract.trial import TrialPaths
+    from harness.trial.learner_main import run_learner_component
 
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
@@ -168,7 +168,7 @@ def generator(
     import os
     import socket
 
-    from harness.generator_worker import run_generator_component
+    from harness.trial.generator_main import run_generator_component
 
     del out  # generators write nothing but Redis; the option keeps the component CLIs uniform
     generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -196,8 +196,8 @@ def run(
     """Run the matched comparison: arms x seeds x lags, MLflow tracking, then the report."""
     from mlflow.exceptions import MlflowException
 
-    from harness.experiment import ExperimentLockedError, run_experiment
-    from harness.trials import TrialStateError
+    from harness.experiment.grid import TrialStateError
+    from harness.experiment.run import ExperimentLockedError, run_experiment
 
     cfg = load_or_exit(config, overrides)
     try:
@@ -249,7 +249,7 @@ def ui(
     port: Annotated[int, typer.Option("--port", help="Port on 127.0.0.1.")] = 5000,
 ) -> None:
     """Serve the MLflow UI for an experiment on 127.0.0.1."""
-    from harness.mlflow_ui import UiError, serve_ui
+    from harness.experiment.mlflow_ui import UiError, serve_ui
 
     try:
         raise typer.Exit(serve_ui(source, port, console=console))

@@ -25,12 +25,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from buffer import metric_names as M
 from buffer.collate import collate
-from buffer.config import StalenessMode
 from buffer.schema import RolloutGroup
 from buffer.streams import RolloutSource, Telemetry, VersionRegistry
 from buffer.weight_store import WeightStore
+from contract import metrics as M
+from contract.trial import StalenessMode
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, broadcast_batch

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from buffer import metric_names as M
+from contract import metrics as M
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
 METRICS_SCHEMA = pa.schema(
@@ -40,11 +40,11 @@ class MetricsLog:
     def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
         """Write one step's row atomically, with every registered metric (NaN if unmeasured).
 
-        Unknown names are refused: metric names come from `buffer.metric_names` only.
+        Unknown names are refused: metric names come from `contract.metrics` only.
         """
         unknown = sorted(set(metrics) - set(M.ALL_METRICS))
         if unknown:
-            raise KeyError(f"metrics {unknown} are not in buffer.metric_names; register them there")
+            raise KeyError(f"metrics {unknown} are not in contract.metrics; register them there")
         row: dict[str, list] = {M.STEP: [step], M.TIMESTAMP: [float(timestamp)]}
         for name in M.ALL_METRICS:
             value = metrics.get(name)

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
-from buffer import metric_names as M
+from contract import metrics as M
 from learner.config import RoutingReplay
 from learner.forward import policy_logprobs
 from learner.masking import masked_mean

@@ -14,8 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from buffer import metric_names as M
 from buffer.collate import RolloutBatch
+from contract import metrics as M
 from learner.advantages import gae, group_advantages, terminal_token_rewards, whiten
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, all_reduce_stats, all_reduce_sum, unwrap

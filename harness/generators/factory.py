@@ -9,7 +9,7 @@ import torch
 
 from harness.config import GenerationConfig, GeneratorBackend
 from harness.generators.base import Generator, SamplingSettings
-from harness.tokenizer import load_tokenizer
+from harness.models.tokenizer import load_tokenizer
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

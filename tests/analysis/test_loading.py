@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.loading import KEY_COLUMNS, load_experiment, read_metrics, trials_dir
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 
 def _info(name: str, **over: object) -> dict:

@@ -17,7 +17,7 @@ from analysis import ReportConfig, build_report
 from analysis.render import format_number
 from analysis.summary import SUMMARY_COLUMNS
 from analysis.synthetic import SyntheticSpec, write_experiment
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 FAST = ReportConfig(n_resamples=400, curve_resamples=200, figure_dpi=50)
 TABLES_ONLY = ReportConfig(n_resamples=400, curve_resamples=200, make_figures=False)

@@ -16,7 +16,7 @@ from analysis.trial_scores import (
     learner_steps_per_s,
     time_to_threshold,
 )
-from buffer import metric_names as mn
+from contract import metrics as mn
 
 
 def test_final_score_last_k() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import redis
 
-from buffer import metric_names as m
 from buffer.rollout_buffer import RolloutBuffer
 from buffer.telemetry import Telemetry
+from contract import metrics as m
 from tests.buffer.factories import RUN_ID, make_group
 
 

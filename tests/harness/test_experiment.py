@@ -21,10 +21,10 @@ from mlflow import MlflowClient
 from rich.console import Console
 
 from harness.config import ExperimentConfig, load_config
-from harness.experiment import analysis_function, run_experiment
-from harness.progress import MetricsTail
-from harness.scheduler import TrialPool, exit_status, trial_command
-from harness.trials import TrialStateError, classify_trial, expand_trials
+from harness.experiment.grid import TrialStateError, classify_trial, expand_trials
+from harness.experiment.progress import MetricsTail
+from harness.experiment.run import analysis_function, run_experiment
+from harness.experiment.scheduler import TrialPool, exit_status, trial_command
 from learner.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 

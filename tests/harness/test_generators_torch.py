@@ -27,7 +27,7 @@ from harness.generators import (
 )
 from harness.generators.sampling import max_logprob_gap, sampling_logprobs
 from harness.generators.torch_backend import TorchGenerator
-from harness.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
+from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
 
 TOL = 1e-4  # float32 engine vs float32 recompute: observed gaps are ~1e-5
 

@@ -23,7 +23,7 @@ from harness.generators import (
 )
 from harness.generators.sampling import max_logprob_gap
 from harness.generators.vllm_backend import VLLMGenerator
-from harness.tokenizer import EOS_ID
+from harness.models.tokenizer import EOS_ID
 from tests.harness.test_generators_torch import (
     TOL,
     build_tiny_model_dir,

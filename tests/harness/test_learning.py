@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from buffer import metric_names as M
+from contract import metrics as M
 from tests.harness.trial_helpers import REPO, metrics, status
 
 STEPS = 40

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.mlflow_ui import UiError, start_ui, stop_ui
+from harness.experiment.mlflow_ui import UiError, start_ui, stop_ui
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import model_factory
 from harness.config import ModelConfig, TaskConfig
-from harness.model_factory import (
+from harness.models import factory as model_factory
+from harness.models.factory import (
     ARCHITECTURES,
     build_model_dir,
     builtin_cache_key,
@@ -19,10 +19,8 @@ from harness.model_factory import (
     load_tokenizer,
     weights_digest,
 )
-from harness.rewards import integer_match
-from harness.tasks import Prompt, make_task
-from harness.tokenizer import build_char_tokenizer, save_tokenizer
-from harness.warm_start import (
+from harness.models.tokenizer import build_char_tokenizer, save_tokenizer
+from harness.models.warm_start import (
     IGNORE_INDEX,
     generate_responses,
     greedy_eval,
@@ -30,6 +28,9 @@ from harness.warm_start import (
     lr_factor,
     sft_batch,
 )
+from harness.tasks.base import Prompt
+from harness.tasks.factory import make_task
+from harness.tasks.rewards import integer_match
 
 TASK = TaskConfig(name="addition", digits=2, eval_size=8)
 

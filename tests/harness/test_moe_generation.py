@@ -20,13 +20,13 @@ import pytest
 import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from buffer import metric_names as M
 from buffer.weight_store import WeightStore
+from contract import metrics as M
 from harness.config import GenerationConfig
 from harness.generators import make_generator
 from harness.generators.sampling import max_logprob_gap
 from harness.generators.torch_backend import TorchGenerator
-from harness.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
+from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
 from tests.harness.test_generators_torch import TOL, load_reference, perturbed_state, requests_for
 
 REPO = Path(__file__).resolve().parents[2]

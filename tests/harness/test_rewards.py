@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import TaskConfig
-from harness.rewards import (
+from harness.tasks.rewards import (
     RewardFnError,
     exact_match,
     integer_match,

@@ -10,8 +10,10 @@ import pandas as pd
 import pytest
 
 from harness.config import TaskConfig
-from harness.file_task import FileTask
-from harness.tasks import Prompt, is_held_out, make_task, operand_range
+from harness.tasks.base import Prompt
+from harness.tasks.factory import make_task
+from harness.tasks.file_task import FileTask
+from harness.tasks.procedural import is_held_out, operand_range
 
 PROCEDURAL = ["addition", "multiplication", "reverse", "sort"]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from harness.tokenizer import (
+from harness.models.tokenizer import (
     BOS_ID,
     CHARACTERS,
     EOS_ID,

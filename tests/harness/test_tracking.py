@@ -13,16 +13,16 @@ import pytest
 from mlflow import MlflowClient
 
 from harness.config import ExperimentConfig
-from harness.mlflow_ui import UiError, ui_command, ui_store
-from harness.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
-from harness.tracking_registry import REGISTRY_FILE, store_key
-from harness.tracking_trial import (
+from harness.experiment.grid import classify_trials, expand_trials
+from harness.experiment.mlflow_ui import UiError, ui_command, ui_store
+from harness.experiment.run_registry import REGISTRY_FILE, store_key
+from harness.experiment.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
+from harness.experiment.trial_runs import (
     PARENT_TAG,
     flatten_params,
     metric_batches,
     prompt_set_digest,
 )
-from harness.trials import classify_trials, expand_trials
 from learner.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 

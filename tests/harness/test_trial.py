@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from buffer import metric_names as M
+from contract import metrics as M
 from learner.checkpoint import CheckpointStore
 from tests.harness.trial_helpers import (
     REPO,

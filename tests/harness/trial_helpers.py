@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from buffer import metric_names as M
-from harness.trial_spec import read_json
+from contract import metrics as M
+from contract.trial import read_json
 from learner.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,8 +15,8 @@ import torch
 from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
-from buffer import metric_names as M
 from buffer.collate import RolloutBatch, collate
+from contract import metrics as M
 from learner.config import ArmConfig, LearnerConfig
 from learner.forward import policy_logprobs
 from learner.models import build_step_models

@@ -31,8 +31,8 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
-from buffer import metric_names as M
-from harness.trials import (
+from contract import metrics as M
+from harness.experiment.grid import (
     METRICS_DIR,
     PROMPTS_FILE,
     RESOLVED_CONFIG,

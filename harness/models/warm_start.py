@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from harness.config import ModelConfig
-from harness.rewards import RewardFn
-from harness.tasks import Prompt, Task
-from harness.tokenizer import encode_prompt
+from harness.models.tokenizer import encode_prompt
+from harness.tasks.base import Prompt, Task
+from harness.tasks.rewards import RewardFn
 
 # One thread: bitwise-identical weights on any machine, and the tiny default model is
 # Python-overhead bound, so more threads would barely help.

@@ -30,9 +30,9 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from harness.config import ExperimentConfig
-from harness.provenance import provenance
-from harness.tracking_registry import ChildRecord, RunRegistry
-from harness.tracking_trial import (
+from harness.experiment.grid import PlannedTrial, TrialOnDisk, read_trial_json
+from harness.experiment.run_registry import ChildRecord, RunRegistry
+from harness.experiment.trial_runs import (
     PARENT_TAG,
     flatten_params,
     log_params,
@@ -40,7 +40,7 @@ from harness.tracking_trial import (
     log_trial_files,
     redact,
 )
-from harness.trials import PlannedTrial, TrialOnDisk, read_trial_json
+from harness.provenance import provenance
 
 DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"

@@ -21,16 +21,22 @@ import yaml
 from rich.console import Console
 
 from harness.config import ExperimentConfig
-from harness.progress import ExperimentProgress
-from harness.scheduler import CommandBuilder, TrialExit, TrialPool, forward_signals, trial_command
-from harness.tracking import Tracker, open_tracker
-from harness.trials import (
+from harness.experiment.grid import (
     PlannedTrial,
     TrialOnDisk,
     classify_trials,
     expand_trials,
     experiment_dir,
 )
+from harness.experiment.progress import ExperimentProgress
+from harness.experiment.scheduler import (
+    CommandBuilder,
+    TrialExit,
+    TrialPool,
+    forward_signals,
+    trial_command,
+)
+from harness.experiment.tracking import Tracker, open_tracker
 
 __all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from harness.trials import (
+from harness.experiment.grid import (
     TERMINAL_STATUSES,
     TRIAL_JSON,
     TRIAL_LOG,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from harness.config import TaskConfig
-from harness.tokenizer import EOS_TOKEN, PAD_TOKEN
+from harness.models.tokenizer import EOS_TOKEN, PAD_TOKEN
 
 RewardInfo = dict[str, Any]
 STOP_MARKERS: tuple[str, ...] = (EOS_TOKEN, PAD_TOKEN, "\n")

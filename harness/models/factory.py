@@ -36,10 +36,7 @@ from transformers import (
 )
 
 from harness.config import ModelConfig, TaskConfig
-from harness.provenance import file_digest
-from harness.rewards import make_reward_fn
-from harness.tasks import make_task
-from harness.tokenizer import (
+from harness.models.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -47,7 +44,10 @@ from harness.tokenizer import (
     load_tokenizer,
     save_tokenizer,
 )
-from harness.warm_start import warm_start
+from harness.models.warm_start import warm_start
+from harness.provenance import file_digest
+from harness.tasks.factory import make_task
+from harness.tasks.rewards import make_reward_fn
 
 __all__ = [
     "FORMAT_VERSION",

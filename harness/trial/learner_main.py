@@ -15,13 +15,13 @@ from torch import nn
 
 from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
 from buffer.weight_store import WeightStore
+from contract.trial import TrialPaths, TrialSpec, write_json_atomic
 from harness.config import ExperimentConfig
-from harness.model_factory import build_model_dir
-from harness.rewards import make_reward_fn
-from harness.tasks import make_task
-from harness.tokenizer import load_tokenizer
-from harness.trial_spec import TrialPaths, TrialSpec, write_json_atomic
-from harness.warm_start import greedy_pass_rate
+from harness.models.factory import build_model_dir
+from harness.models.tokenizer import load_tokenizer
+from harness.models.warm_start import greedy_pass_rate
+from harness.tasks.factory import make_task
+from harness.tasks.rewards import make_reward_fn
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
-from harness.trial_spec import TrialSpec
 
 TRIALS_DIR = "trials"
 TRIAL_JSON = "trial.json"

@@ -32,7 +32,7 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 # Digits and operators for arithmetic, lowercase letters for reverse/sort, then space, newline and
 # common punctuation so simple user prompt files (task `file`) mostly stay in-vocabulary.
-# Changing this string changes every id: bump model_factory.FORMAT_VERSION with it.
+# Changing this string changes every id: bump harness.models.factory.FORMAT_VERSION with it.
 CHARACTERS = "0123456789+*=-abcdefghijklmnopqrstuvwxyz .,:;!?'\"()/\n"
 
 

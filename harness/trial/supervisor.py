@@ -20,12 +20,12 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from contract.trial import TrialPaths, TrialSpec, read_json, write_json_atomic
 from harness.config import ExperimentConfig
-from harness.model_factory import build_model_dir, weights_digest
-from harness.processes import Child, python_module_args
+from harness.models.factory import build_model_dir, weights_digest
 from harness.provenance import file_digest, provenance
-from harness.tasks import make_task
-from harness.trial_spec import TrialPaths, TrialSpec, read_json, write_json_atomic
+from harness.tasks.factory import make_task
+from harness.trial.processes import Child, python_module_args
 
 MAX_GENERATOR_RESTARTS = 3
 POLL_S = 0.2

@@ -6,9 +6,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from buffer.config import StalenessMode
+# How the learner admits groups (design section 5); buffer, learner and harness share this type.
+StalenessMode = Literal["fixed", "bounded"]
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from typing import IO
 
 from rich.console import Console
 
-from harness.scheduler import stop_group
-from harness.tracking import DEFAULT_ARTIFACTS, DEFAULT_DB, artifact_location
+from harness.experiment.scheduler import stop_group
+from harness.experiment.tracking import DEFAULT_ARTIFACTS, DEFAULT_DB, artifact_location
 
 HOST = "127.0.0.1"
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.tasks import TRAIN_STREAM, Prompt
+from harness.tasks.base import TRAIN_STREAM, Prompt
 
 TRAIN_SPLIT = "train"
 EVAL_SPLITS = frozenset({"eval", "test", "validation"})

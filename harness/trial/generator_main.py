@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from buffer import metric_names as M
 from buffer.schema import RolloutGroup, make_group_id
 from buffer.streams import (
     RolloutBuffer,
@@ -27,13 +26,14 @@ from buffer.streams import (
     fixed_policy_version,
     ticket_batch,
 )
+from contract import metrics as M
+from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.generators import GenRequest, make_generator, sample_seed
-from harness.model_factory import build_model_dir
-from harness.rewards import make_reward_fn
-from harness.tasks import make_task
-from harness.tokenizer import encode_prompt, load_tokenizer
-from harness.trial_spec import TrialSpec
+from harness.models.factory import build_model_dir
+from harness.models.tokenizer import encode_prompt, load_tokenizer
+from harness.tasks.factory import make_task
+from harness.tasks.rewards import make_reward_fn
 
 IDLE_POLL_S = 0.5
 

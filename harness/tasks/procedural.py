@@ -13,7 +13,8 @@ stream (the same for every experiment seed); the train stream redraws, from the 
 until it gets a problem that is not held out. Disjointness is therefore a property of each
 problem, whatever `n` or the seed.
 
-The `file` task lives in `harness.file_task`; `make_task` builds any of them from a TaskConfig.
+The `file` task lives in `harness.tasks.file_task`; `harness.tasks.factory.make_task` builds any
+task from a TaskConfig.
 """
 
 from __future__ import annotations
@@ -22,51 +23,20 @@ import hashlib
 import string
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
-from harness.config import TaskConfig
+from harness.tasks.base import EVAL_STREAM, TRAIN_STREAM, Prompt
 
 # One problem in EVAL_MODULUS is held out (12.5%): 2-digit addition keeps ~1010 eval-eligible and
-# ~7090 training problems. Changing it changes both splits: bump model_factory.FORMAT_VERSION.
+# ~7090 training problems. Changing it changes both splits: bump FORMAT_VERSION in
+# harness.models.factory.
 EVAL_MODULUS = 8
-# First element of the RNG key, so the train and eval streams can never share a generator state.
-TRAIN_STREAM = 0
-EVAL_STREAM = 1
 # Attempt caps turn an impossible request (eval set larger than the held-out space) into an error
 # instead of an endless loop; reaching them with a feasible request has negligible probability.
 TRAIN_MAX_DRAWS = 1000
 EVAL_ATTEMPTS_PER_PROMPT = 200
 EVAL_MIN_ATTEMPTS = 10_000
-
-
-@dataclass(frozen=True)
-class Prompt:
-    """One problem. `index` is its position in the stream it came from (train or eval).
-
-    `ground_truth` is what the verifier compares against; for built-in tasks it is also the exact
-    expected response (followed by EOS), which the warm start trains on.
-    """
-
-    index: int
-    text: str
-    ground_truth: str
-
-
-class Task(Protocol):
-    """A prompt source: a reproducible training stream and a fixed held-out eval split."""
-
-    name: str
-
-    def train_prompt(self, seed: int, index: int) -> Prompt:
-        """The `index`-th training prompt of the stream of `seed` (pure function of both)."""
-        ...
-
-    def eval_prompts(self, n: int) -> list[Prompt]:
-        """The first `n` held-out prompts (the same list for every seed)."""
-        ...
 
 
 Problem = tuple[str, str]  # (prompt text, ground truth)
@@ -168,33 +138,9 @@ def string_sampler(prefix: str, length: int, solve: Callable[[str], str]) -> Pro
     return sample
 
 
-def _reverse(word: str) -> str:
+def reverse_word(word: str) -> str:
     return word[::-1]
 
 
-def _sort(word: str) -> str:
+def sort_word(word: str) -> str:
     return "".join(sorted(word))
-
-
-def _file_task(config: TaskConfig) -> Task:
-    from harness.file_task import FileTask
-
-    if config.path is None:
-        raise ValueError("task.path is required when task.name is `file`")
-    return FileTask.from_path(config.path, eval_size=config.eval_size)
-
-
-# task.name -> builder. `digits` is the operand length for arithmetic (exactly that many digits)
-# and the string length for reverse/sort; it has no effect on `file`.
-TASK_BUILDERS: dict[str, Callable[[TaskConfig], Task]] = {
-    "addition": lambda c: ProceduralTask("addition", arithmetic_sampler("+", c.digits)),
-    "multiplication": lambda c: ProceduralTask("multiplication", arithmetic_sampler("*", c.digits)),
-    "reverse": lambda c: ProceduralTask("reverse", string_sampler("rev", c.digits, _reverse)),
-    "sort": lambda c: ProceduralTask("sort", string_sampler("sort", c.digits, _sort)),
-    "file": _file_task,
-}
-
-
-def make_task(config: TaskConfig) -> Task:
-    """Build the task named by `task.name` (see TASK_BUILDERS for what `digits` means)."""
-    return TASK_BUILDERS[config.name](config)

@@ -25,8 +25,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from buffer import metric_names as M
-from harness.trials import METRICS_DIR, PlannedTrial
+from contract import metrics as M
+from harness.experiment.grid import METRICS_DIR, PlannedTrial
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
 WATCHED = (M.REWARD_MEAN, M.EVAL_PASS_RATE)

@@ -1,0 +1,1 @@
+"""The experiment tier: the trial grid, scheduling, progress display and MLflow tracking."""

@@ -1,0 +1,1 @@
+"""Models: the model factory, the tokenizer, warm start and greedy evaluation of a policy."""
