@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-DivergedScores = Literal["last_evals", "exclude"]
+DivergedScores = Literal["zero_after", "exclude"]
 
 
 class ReportConfig(BaseModel):
@@ -79,10 +79,12 @@ class ReportConfig(BaseModel):
         "effect when `optim/grad_spikes` is logged.",
     )
     diverged_scores: DivergedScores = Field(
-        default="last_evals",
-        description="How diverged trials enter score statistics: `last_evals` scores them by "
-        "their last evals before divergence (keeps the seed, avoids survivorship bias); "
-        "`exclude` drops them from scores (they still count in the divergence rate).",
+        default="zero_after",
+        description="How diverged trials enter score statistics: `zero_after` scores them as "
+        "pass rate 0 from the step after their last logged step to `steps_planned` (final "
+        "score 0, AUC over the full planned span): keeps the seed, avoids survivorship bias "
+        "and never credits steps a trial did not run; `exclude` drops them from scores (they "
+        "still count in the divergence rate).",
     )
     curve_points: int = Field(
         default=100,

@@ -21,13 +21,24 @@ METHODS = [
     "Paired tests over matched seeds: Wilcoxon signed-rank (Wilcoxon 1945) and a paired "
     "bootstrap of the mean difference; unpaired: Welch's t-test (Welch 1947) and Mann-Whitney U "
     "(Mann & Whitney 1947); Holm step-down correction (Holm 1979) within each (metric, test) "
-    "family over all arm pairs and lags.",
+    "family over all arm pairs and lags. Rank-test p-values are exact permutation p-values, "
+    "tied scores included (Mann-Whitney: exact distribution of the midrank sum over all "
+    "C(n + m, n) splits, two-sided as twice the smaller tail, normal approximation only past "
+    "about 50 vs 50 seeds; Wilcoxon: all 2^n sign flips up to 13 pairs, scipy). The smallest "
+    "attainable p noted next to a test is computed for the same distribution (given the ties).",
     "Effect sizes: Hedges' g with small-sample correction (Hedges 1981); Cliff's delta (Cliff "
     "1993). Power: t-test power (Cohen 1988) via statsmodels TTestPower (paired d_z) or "
     "TTestIndPower (Cohen's d).",
     "Divergence rates: Wilson score interval (Wilson 1927; Brown, Cai & DasGupta 2001) and "
     "Fisher's exact test (Fisher 1922). Time to threshold: Kaplan-Meier product-limit estimator "
     "(Kaplan & Meier 1958) with non-reaching trials right-censored at their last eval.",
+    "Diverged trials (diverged_scores=zero_after, the default) keep their seed in the score "
+    "statistics but are never credited for steps they did not run: from the step after their "
+    "last logged step to the planned step count their pass rate is taken as 0, the floor (the "
+    "policy after a non-finite update is unusable). Final score = 0, since the policy at the "
+    "planned end is the diverged one; AUC = area under the eval curve extended by 0 to the "
+    "planned end (linear from the last eval to the drop), divided by the full planned span, "
+    "as for a completed trial.",
 ]
 
 
@@ -71,13 +82,17 @@ def _warnings(scores: pd.DataFrame, config: ReportConfig) -> list[str]:
 def _overview(scores: pd.DataFrame, config: ReportConfig) -> str:
     arms = sorted(scores["arm"].unique()) if len(scores) else []
     lags = sorted(scores["lag"].unique()) if len(scores) else []
+    diverged = ""
+    if config.diverged_scores == "zero_after":
+        diverged = "; a diverged trial scores pass rate 0 after divergence (see Methods)"
     return (
         f"{len(scores)} trials, {int(scores['scored'].sum()) if len(scores) else 0} scored; "
         f"arms: {', '.join(map(str, arms)) or 'none'}; "
         f"lags: {', '.join(map(str, lags)) or 'none'}. "
         f"Final score = mean of the last {config.last_k_evals} evals; AUC = area under the eval "
-        f"curve / step span (a mean pass rate). Intervals: {config.confidence:.0%} percentile "
-        f"bootstrap, {config.n_resamples} resamples, seed {config.seed}; alpha = {config.alpha}."
+        f"curve / step span (a mean pass rate){diverged}. Intervals: {config.confidence:.0%} "
+        f"percentile bootstrap, {config.n_resamples} resamples, seed {config.seed}; "
+        f"alpha = {config.alpha}."
     )
 
 

@@ -1,14 +1,13 @@
 """Read an experiment output directory into a tidy table of per-step metrics.
 
-Layout (the contract with the trial runner): `ROOT/trials/<trial_name>/trial.json` plus
-`ROOT/trials/<trial_name>/metrics.parquet/part-*.parquet`, one row per learner step. Problems
-(unreadable JSON, absent or partial metrics) are collected as rows of `problems` rather than
-raised, so one broken trial never hides the others from the report.
+Layout (contract.layout, shared with the trial runner): `ROOT/trials/<trial_name>/trial.json`
+plus `ROOT/trials/<trial_name>/metrics.parquet/part-*.parquet`, one row per learner step. Problems
+(an invalid trial record, absent or partial metrics) are collected as rows of `problems` rather
+than raised, so one broken trial never hides the others from the report.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,20 +18,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from contract import metrics as mn
+from contract.layout import METRICS_DIR, TRIAL_JSON, TRIALS_DIR, ExperimentPaths, TrialPaths
+from contract.record import TrialRecord, TrialRecordError, read_trial_record
+from contract.trial import TrialStatus
 
-TRIAL_JSON = "trial.json"
-METRICS_DIR = "metrics.parquet"
-REQUIRED_KEYS = ("arm", "seed", "lag")
 KEY_COLUMNS = ["experiment", "trial_name", "arm", "seed", "lag", "mode", "status", "diverged"]
 TRIAL_COLUMNS = [*KEY_COLUMNS, "objective", "diverged_reason", "steps_planned", "last_step"]
 PROBLEM_COLUMNS = ["trial_name", "arm", "seed", "lag", "status", "problem"]
-
-# Every per-step metric the repo defines (design section 7); analysis reads nothing else.
-KNOWN_METRICS: frozenset[str] = frozenset(
-    value
-    for name, value in vars(mn).items()
-    if name.isupper() and isinstance(value, str) and "/" in value and not value.endswith("/")
-)
 
 
 @dataclass(frozen=True)
@@ -46,25 +38,15 @@ class Experiment:
 
 def trials_dir(root: Path) -> Path:
     """`root/trials` if it exists, else `root` itself when it directly holds trial dirs."""
-    if (root / "trials").is_dir():
-        return root / "trials"
-    if root.is_dir() and any((p / TRIAL_JSON).exists() for p in root.iterdir() if p.is_dir()):
+    trials = ExperimentPaths(root).trials
+    if trials.is_dir():
+        return trials
+    if root.is_dir() and any(TrialPaths(p).metadata.exists() for p in root.iterdir() if p.is_dir()):
         return root
     raise FileNotFoundError(
-        f"no trials under {root}: expected {root}/trials/<trial_name>/{TRIAL_JSON}; "
+        f"no trials under {root}: expected {root}/{TRIALS_DIR}/<trial_name>/{TRIAL_JSON}; "
         "pass the experiment output directory that `harness run` wrote"
     )
-
-
-def read_trial_json(path: Path) -> dict:
-    """Parse `trial.json`; raise ValueError naming the file and the missing keys."""
-    info = json.loads(path.read_text())
-    if not isinstance(info, dict):
-        raise ValueError(f"{path} holds {type(info).__name__}, expected a JSON object")
-    missing = [k for k in REQUIRED_KEYS if k not in info]
-    if missing:
-        raise ValueError(f"{path} lacks keys {missing}; the trial runner must write them")
-    return info
 
 
 def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
@@ -89,7 +71,7 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     schema = pa.unify_schemas(schemas, promote_options="permissive")
     frame, read_problems = _read_parts(readable, schema)
     problems.extend(read_problems)
-    keep = [c for c in frame.columns if c in KNOWN_METRICS or c in (mn.STEP, mn.TIMESTAMP)]
+    keep = [c for c in frame.columns if c in mn.ALL_METRICS or c in (mn.STEP, mn.TIMESTAMP)]
     frame = frame[keep]
     if mn.STEP not in frame.columns:
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [*problems, "no `step` column"]
@@ -116,40 +98,41 @@ def _read_parts(files: list[str], schema: pa.Schema) -> tuple[pd.DataFrame, list
     return pa.concat_tables(tables).to_pandas(), problems
 
 
-def _trial_record(info: dict, name: str, last_step: float) -> dict:
-    status = str(info.get("status", "unknown"))
+def _trial_row(record: TrialRecord, name: str, last_step: float) -> dict:
+    """One row of `Experiment.trials`; statuses and modes as plain strings."""
+    status = str(record.status)
     return {
-        "experiment": str(info.get("experiment", "")),
+        "experiment": record.experiment or "",
         # The directory name, which the runner makes equal to trial.json's `trial_name`; it is
         # unique by construction, and it keys the step table.
         "trial_name": name,
-        "arm": str(info["arm"]),
-        "seed": int(info["seed"]),
-        "lag": int(info["lag"]),
-        "mode": str(info.get("mode", "fixed")),
+        "arm": record.arm,
+        "seed": record.seed,
+        "lag": record.lag,
+        "mode": str(record.mode),
         "status": status,
-        "diverged": bool(info.get("diverged", False)) or status == "diverged",
-        "objective": str(info.get("objective", "")),
-        "diverged_reason": info.get("diverged_reason"),
-        "steps_planned": info.get("steps_planned"),
+        "diverged": record.diverged or status == TrialStatus.DIVERGED,
+        "objective": record.objective or "",
+        "diverged_reason": record.diverged_reason,
+        "steps_planned": record.steps_planned,
         "last_step": last_step,
     }
 
 
-def _status_problems(record: dict) -> list[str]:
+def _status_problems(row: dict) -> list[str]:
     """Trial-level facts a reader of the report must see next to the numbers."""
     out = []
-    if record["diverged"]:
-        last = record["last_step"]
+    if row["diverged"]:
+        last = row["last_step"]
         where = f"after step {int(last)}" if not math.isnan(last) else "before logging a step"
-        out.append(f"diverged {where}: {record['diverged_reason']}")
-    elif record["status"] != "completed":
-        out.append(f"status {record['status']!r}: excluded from scores")
-    planned = record["steps_planned"]
-    last = record["last_step"]
+        out.append(f"diverged {where}: {row['diverged_reason']}")
+    elif row["status"] != TrialStatus.COMPLETED:
+        out.append(f"status {row['status']!r}: excluded from scores")
+    planned = row["steps_planned"]
+    last = row["last_step"]
     # Steps may be numbered 0..N-1 or 0..N (step 0 carrying the initial eval): accept both.
     short = not math.isnan(last) and last < planned - 1 if planned else False
-    if record["status"] == "completed" and short:
+    if row["status"] == TrialStatus.COMPLETED and short:
         out.append(f"completed but logged only up to step {int(last)} of {planned}")
     return out
 
@@ -159,28 +142,28 @@ def load_experiment(root: Path) -> Experiment:
     trial_rows, metric_frames, problems = [], [], []
     for trial_dir in sorted(p for p in trials_dir(root).iterdir() if p.is_dir()):
         blank = {"trial_name": trial_dir.name, "arm": None, "seed": None, "lag": None}
-        if not (trial_dir / TRIAL_JSON).exists():
-            problems.append({**blank, "status": "missing", "problem": f"{TRIAL_JSON} absent"})
-            continue
         try:
-            info = read_trial_json(trial_dir / TRIAL_JSON)
-        except (OSError, ValueError, TypeError) as err:
+            stored = read_trial_record(trial_dir)
+        except (OSError, TrialRecordError) as err:
             problems.append({**blank, "status": "unreadable", "problem": str(err)})
             continue
-        frame, metric_problems = read_metrics(trial_dir / METRICS_DIR)
+        if stored is None:
+            problems.append({**blank, "status": "missing", "problem": f"{TRIAL_JSON} absent"})
+            continue
+        frame, metric_problems = read_metrics(TrialPaths(trial_dir).metrics)
         last = float(frame[mn.STEP].max()) if len(frame) else math.nan
-        record = _trial_record(info, trial_dir.name, last)
-        trial_rows.append(record)
-        keys = {k: record[k] for k in ("trial_name", "arm", "seed", "lag", "status")}
+        row = _trial_row(stored, trial_dir.name, last)
+        trial_rows.append(row)
+        keys = {k: row[k] for k in ("trial_name", "arm", "seed", "lag", "status")}
         no_evals = len(frame) and (
             mn.EVAL_PASS_RATE not in frame.columns or frame[mn.EVAL_PASS_RATE].isna().all()
         )
         if no_evals:
             metric_problems.append(f"no {mn.EVAL_PASS_RATE} values: not scored")
-        for text in [*metric_problems, *_status_problems(record)]:
+        for text in [*metric_problems, *_status_problems(row)]:
             problems.append({**keys, "problem": text})
         if len(frame):
-            metric_frames.append(frame.assign(**{k: record[k] for k in KEY_COLUMNS}))
+            metric_frames.append(frame.assign(**{k: row[k] for k in KEY_COLUMNS}))
     trials = pd.DataFrame(trial_rows, columns=TRIAL_COLUMNS)
     metrics = tidy_frame(metric_frames)
     problem_frame = pd.DataFrame(problems, columns=PROBLEM_COLUMNS)
@@ -192,7 +175,7 @@ def tidy_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=[*KEY_COLUMNS, mn.STEP, mn.TIMESTAMP])
     stacked = pd.concat(frames, ignore_index=True)
-    metric_cols = sorted(c for c in stacked.columns if c in KNOWN_METRICS)
+    metric_cols = sorted(c for c in stacked.columns if c in mn.ALL_METRICS)
     if mn.TIMESTAMP not in stacked.columns:
         stacked[mn.TIMESTAMP] = math.nan
     ordered = stacked[[*KEY_COLUMNS, mn.STEP, mn.TIMESTAMP, *metric_cols]]

@@ -22,9 +22,8 @@ from mlflow.entities import Metric, Run
 
 from analysis.config import ReportConfig
 from analysis.report import ReportResult, build_report
+from contract.layout import PARENT_TAG, TRIAL_ARTIFACTS, TRIALS_DIR
 
-PARENT_TAG = "mlflow.parentRunId"
-TRIAL_ARTIFACTS = "trial"
 REPORT_ARTIFACTS = "report"
 MAX_KEY = 250  # MLflow's limit on metric key length
 BATCH = 1000  # MLflow's limit on metrics per log_batch call
@@ -149,7 +148,7 @@ def download_trials(client: mlflow.MlflowClient, parent: Run, root: Path) -> int
     for child in children:
         name = _trial_dir_name(child, used)
         used.add(name)
-        target = root / "trials" / name
+        target = root / TRIALS_DIR / name
         target.mkdir(parents=True)
         if not client.list_artifacts(child.info.run_id, TRIAL_ARTIFACTS):
             continue
@@ -178,7 +177,7 @@ def build_report_from_mlflow(
     parent = latest_parent_run(client, experiment_name)
     with tempfile.TemporaryDirectory(prefix="harness-report-") as tmp:
         root = Path(tmp) / experiment_name.replace("/", "_")
-        (root / "trials").mkdir(parents=True)
+        (root / TRIALS_DIR).mkdir(parents=True)
         count = download_trials(client, parent, root)
         if count == 0:
             raise ValueError(

@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import metrics as mn
+from contract.layout import ExperimentPaths, TrialPaths
+from contract.trial import StalenessMode, TrialStatus
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,7 @@ class SyntheticSpec:
     lag_penalty: float = 0.02  # pass-rate loss per unit of lag
     diverged: tuple[tuple[str, int, int, int], ...] = ()  # (arm, seed, lag, step it diverged)
     failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
-    mode: str = "fixed"
+    mode: StalenessMode = "fixed"
 
 
 def _pass_rate(
@@ -88,9 +90,10 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
 
 def write_trial(trial_dir: Path, info: dict, table: pa.Table, rows_per_part: int) -> None:
     """trial.json plus the table split into parquet part files, as the learner appends them."""
-    metrics = trial_dir / "metrics.parquet"
+    paths = TrialPaths(trial_dir)
+    metrics = paths.metrics
     metrics.mkdir(parents=True, exist_ok=True)
-    (trial_dir / "trial.json").write_text(json.dumps(info, indent=2))
+    paths.metadata.write_text(json.dumps(info, indent=2))
     for i, start in enumerate(range(0, table.num_rows, rows_per_part)):
         pq.write_table(table.slice(start, rows_per_part), metrics / f"part-{i:06d}.parquet")
 
@@ -103,9 +106,10 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
         for seed in spec.seeds:
             for lag in spec.lags:
                 key = (arm, seed, lag)
-                status = "failed" if key in spec.failed else "completed"
-                status = "diverged" if key in diverged else status
-                last = diverged.get(key, spec.steps // 2 if status == "failed" else spec.steps)
+                status = TrialStatus.FAILED if key in spec.failed else TrialStatus.COMPLETED
+                status = TrialStatus.DIVERGED if key in diverged else status
+                failed, diverges = status == TrialStatus.FAILED, status == TrialStatus.DIVERGED
+                last = diverged.get(key, spec.steps // 2 if failed else spec.steps)
                 name = f"{arm}-s{seed}-lag{lag}"
                 info = {
                     "experiment": spec.experiment,
@@ -115,11 +119,12 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
                     "seed": seed,
                     "lag": lag,
                     "mode": spec.mode,
-                    "status": status,
-                    "diverged": status == "diverged",
-                    "diverged_reason": "non-finite grad norm" if status == "diverged" else None,
+                    "status": status.value,
+                    "diverged": diverges,
+                    "diverged_reason": "non-finite grad norm" if diverges else None,
                     "steps_planned": spec.steps,
                 }
                 table = trial_table(spec, arm, seed, lag, last)
-                write_trial(root / "trials" / name, info, table, spec.rows_per_part)
+                trial_dir = ExperimentPaths(root).trial(name).root
+                write_trial(trial_dir, info, table, spec.rows_per_part)
     return root

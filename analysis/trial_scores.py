@@ -57,6 +57,22 @@ def area_under_curve(steps: np.ndarray, values: np.ndarray) -> float:
     return float(np.trapezoid(values, steps) / span)
 
 
+def diverged_curve(
+    steps: np.ndarray, values: np.ndarray, last_step: float, steps_planned: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """A diverged trial's eval curve as scored: its evals, then pass rate 0 to the planned end.
+
+    The learner stops at the update that produced non-finite values, so the policy after its
+    last logged step is unusable: the curve drops to 0 (linearly from the last eval, as between
+    any two evals) at `last_step + 1` and stays 0 until `steps_planned`. Without a planned step
+    count the curve ends at the drop.
+    """
+    drop = last_step + 1
+    end = steps_planned if math.isfinite(steps_planned) else drop
+    tail = np.unique([drop, max(drop, end)])  # (drop,) or (drop, planned end)
+    return np.concatenate([steps, tail]), np.concatenate([values, np.zeros(len(tail))])
+
+
 def time_to_threshold(
     steps: np.ndarray, values: np.ndarray, threshold: float
 ) -> tuple[float, bool]:
@@ -129,13 +145,30 @@ def _reduce(trial: pd.DataFrame, column: str, how: str) -> float:
     return float(values.max() if how == "max" else values.mean())
 
 
-def score_trial(trial: pd.DataFrame, config: ReportConfig) -> dict[str, float]:
-    """All per-trial scalars of one trial's step table (see SCORE_COLUMNS)."""
+def score_trial(
+    trial: pd.DataFrame,
+    config: ReportConfig,
+    *,
+    diverged: bool = False,
+    steps_planned: float = math.nan,
+) -> dict[str, float]:
+    """All per-trial scalars of one trial's step table (see SCORE_COLUMNS).
+
+    A diverged trial never scores better than it ran: its final policy is the diverged one, so
+    its final score is 0 (the pass-rate floor), and its AUC covers the whole planned span with
+    pass rate 0 after divergence (`diverged_curve`). Time to threshold stays censored at its
+    last eval. The other scalars describe the steps it did run.
+    """
     steps, values = eval_curve(trial)
     t_hit, reached = time_to_threshold(steps, values, config.pass_threshold)
+    final, auc = final_score(values, config.last_k_evals), area_under_curve(steps, values)
+    if diverged and len(values):
+        last_step = float(trial[mn.STEP].max())
+        final = 0.0
+        auc = area_under_curve(*diverged_curve(steps, values, last_step, steps_planned))
     return {
-        "final_score": final_score(values, config.last_k_evals),
-        "auc": area_under_curve(steps, values),
+        "final_score": final,
+        "auc": auc,
         "n_evals": float(len(values)),
         "time_to_threshold": t_hit,
         "reached_threshold": float(reached),
@@ -163,7 +196,8 @@ def score_trials(experiment: Experiment, config: ReportConfig) -> pd.DataFrame:
     """One row per trial: identity, `scored` flag, and SCORE_COLUMNS.
 
     `scored` marks trials whose scores enter the across-seed statistics: completed trials, and
-    diverged ones unless `config.diverged_scores == "exclude"`; running or failed trials never.
+    diverged ones (scored 0 after divergence, see `score_trial`) unless
+    `config.diverged_scores == "exclude"`; running or failed trials never.
     """
     trials = experiment.trials.copy()
     if trials.empty:
@@ -171,15 +205,18 @@ def score_trials(experiment: Experiment, config: ReportConfig) -> pd.DataFrame:
     trials["arm"] = condition_labels(trials)
     by_trial = dict(tuple(experiment.metrics.groupby("trial_name", sort=False)))
     rows = []
-    for name in trials["trial_name"]:
+    for name, diverged, planned in zip(
+        trials["trial_name"], trials["diverged"], trials["steps_planned"], strict=True
+    ):
         frame = by_trial.get(name)
         if frame is None:
             rows.append(dict.fromkeys(SCORE_COLUMNS, math.nan))
         else:
-            rows.append(score_trial(frame, config))
+            planned = math.nan if pd.isna(planned) else float(planned)
+            rows.append(score_trial(frame, config, diverged=bool(diverged), steps_planned=planned))
     scores = pd.DataFrame(rows, columns=SCORE_COLUMNS, index=trials.index)
     completed = trials["status"].eq("completed") & ~trials["diverged"]
-    diverged_ok = trials["diverged"] & (config.diverged_scores == "last_evals")
+    diverged_ok = trials["diverged"] & (config.diverged_scores == "zero_after")
     trials["scored"] = (completed | diverged_ok) & scores["n_evals"].gt(0)
     return pd.concat([trials, scores], axis=1)
 

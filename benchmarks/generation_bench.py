@@ -27,62 +27,43 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # read when vLLM is imported
 
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from buffer.weight_store import read_state_dict
 from harness.generators import GenRequest, SamplingSettings, sample_seed
 from harness.generators.base import set_torch_threads
 from harness.generators.torch_backend import TorchGenerator
-from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
+from harness.models.tokenizer import EOS_ID, PAD_ID
+from tests.tiny_models import TinyArch, save_tiny_model_dir
 
-
-@dataclass(frozen=True)
-class ModelSize:
-    """Architecture of one benchmark model (head size >= 32: vLLM's CPU attention needs it)."""
-
-    name: str
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-
-
+# Random-init Qwen2 models; head size (hidden / heads) >= 32, as vLLM's CPU attention needs.
 SIZES = {
-    "tiny": ModelSize("tiny", hidden=64, layers=2, heads=2, kv_heads=1, intermediate=256),
-    "10m": ModelSize("10m", hidden=256, layers=10, heads=4, kv_heads=2, intermediate=1024),
+    "tiny": TinyArch(
+        hidden=64, intermediate=256, layers=2, heads=2, max_positions=128, tie_embeddings=False
+    ),
+    "10m": TinyArch(
+        hidden=256,
+        intermediate=1024,
+        layers=10,
+        heads=4,
+        kv_heads=2,
+        max_positions=128,
+        tie_embeddings=False,
+    ),
 }
-MAX_POSITIONS = 128
 
 
-def build_model(size: ModelSize, path: Path) -> int:
+def build_model(arch: TinyArch, path: Path) -> int:
     """Save a random-init model + char tokenizer to `path`; returns its parameter count."""
-    tokenizer = build_char_tokenizer(model_max_length=MAX_POSITIONS)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=size.hidden,
-        intermediate_size=size.intermediate,
-        num_hidden_layers=size.layers,
-        num_attention_heads=size.heads,
-        num_key_value_heads=size.kv_heads,
-        max_position_embeddings=MAX_POSITIONS,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
-    model.save_pretrained(str(path))
-    save_tokenizer(tokenizer, path)
-    return sum(p.numel() for p in model.parameters())
+    save_tiny_model_dir(path, arch)
+    return sum(t.numel() for t in read_state_dict(path).values())
 
 
 def make_requests(prompts: int, group: int, max_new_tokens: int) -> list[GenRequest]:
@@ -213,9 +194,9 @@ def _overhead_pct(seconds: dict[str, list[float]]) -> float:
     return 100.0 * (min(seconds["harness"]) / min(seconds["bare"]) - 1.0)
 
 
-def bench_size(size: ModelSize, args: argparse.Namespace, workdir: Path) -> dict:
-    model_dir = workdir / size.name
-    params = build_model(size, model_dir)
+def bench_size(name: str, args: argparse.Namespace, workdir: Path) -> dict:
+    model_dir = workdir / name
+    params = build_model(SIZES[name], model_dir)
     requests = make_requests(args.prompts, args.group_size, args.max_new_tokens)
     set_torch_threads(args.threads)
     torch_gen = TorchGenerator(
@@ -275,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     with tempfile.TemporaryDirectory(prefix="generation-bench-") as workdir:
         for name in args.sizes:
-            report[name] = bench_size(SIZES[name], args, Path(workdir))
+            report[name] = bench_size(name, args, Path(workdir))
             print(f"{name}: {json.dumps(report[name])}", flush=True)
     report["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(report), flush=True)

@@ -18,14 +18,14 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from learner.advantages import group_advantages
+from learner.arms import arm_spec
 from learner.masking import masked_mean
-from learner.objectives import OBJECTIVES
 
 TARGET_RATIO = 1.5
 """The objective's cost budget, as a multiple of the NLL baseline's."""
@@ -67,16 +67,16 @@ def make_inputs(batch: int, seq_len: int, group_size: int = 8, seed: int = 0) ->
 def cases(x: Inputs) -> dict[str, Callable[[], Tensor]]:
     """Name -> closure returning the loss; 'nll' is the baseline."""
     lp, old, adv, mask = x.logprobs, x.old_logprobs, x.advantages, x.mask
+    gspo, gspo_token, grpo, ppo = (arm_spec(n) for n in ("gspo", "gspo_token", "grpo", "ppo"))
     out: dict[str, Callable[[], Tensor]] = {
         "nll": lambda: -masked_mean(lp, mask),
-        "gspo": lambda: OBJECTIVES["gspo"](lp, old, adv, mask)[0],
-        "gspo_token": lambda: OBJECTIVES["gspo_token"](lp, old, adv, mask)[0],
-        "ppo": lambda: OBJECTIVES["ppo"](lp, old, x.token_advantages, mask)[0],
+        "gspo": lambda: gspo.loss(lp, old, adv, mask, gspo.default_options())[0],
+        "gspo_token": lambda: gspo_token.loss(lp, old, adv, mask, gspo_token.default_options())[0],
+        "ppo": lambda: ppo.loss(lp, old, x.token_advantages, mask, ppo.default_options())[0],
     }
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
-        out[f"grpo[{agg}]"] = lambda agg=agg: OBJECTIVES["grpo"](
-            lp, old, adv, mask, agg=agg, max_len=x.max_len
-        )[0]
+        options = replace(grpo.default_options(x.max_len), agg=agg)
+        out[f"grpo[{agg}]"] = lambda o=options: grpo.loss(lp, old, adv, mask, o)[0]
     return out
 
 

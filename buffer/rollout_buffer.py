@@ -3,7 +3,7 @@
 One Redis stream per run (`gspo:{run_id}:rollouts`) with one consumer group. Delivery is
 at-least-once (an entry stays pending until the learner commits its step) and training is
 exactly-once: `commit` records the group ids as trained in the same MULTI as the ack, the learner
-also keeps them in its checkpoint (restore them with `mark_trained` on resume), and a group whose
+also keeps them in its checkpoint (and skips them if they are delivered again), and a group whose
 id is already trained or held is acked as a duplicate, never delivered.
 
 Depth = stream length: settled entries are deleted (XACK + XDEL), so the stream holds exactly the
@@ -25,7 +25,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import redis
 
@@ -34,7 +33,7 @@ from buffer.connection import RunKeys, delete_run
 from buffer.inbox import Delivery, Inbox, settle
 from buffer.outbox import BufferFullError, Outbox
 from buffer.schema import RolloutGroup
-from buffer.telemetry import DEAD_LETTER, DROPPED_STALE, Telemetry, read_counter
+from buffer.telemetry import DROPPED_STALE, Telemetry
 from buffer.tickets import request_stop, stop_requested
 
 log = logging.getLogger(__name__)
@@ -48,26 +47,6 @@ class TakeResult:
 
     deliveries: list[Delivery]
     dropped_stale: int
-
-
-class RolloutSink(Protocol):
-    """What a generator needs."""
-
-    def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str: ...
-
-
-class RolloutSource(Protocol):
-    """What a learner needs."""
-
-    def take_batch(
-        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
-    ) -> list[Delivery]: ...
-
-    def take(
-        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
-    ) -> TakeResult: ...
-
-    def commit(self, deliveries: Iterable[Delivery]) -> None: ...
 
 
 @dataclass
@@ -177,10 +156,8 @@ class RolloutBuffer:
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
-                        f"run {self.run_id!r}: only {len(chosen)} of {n_groups} groups with lag "
-                        f"<= {max_lag} arrived within {timeout_s} s (learner version "
-                        f"{learner_version}); are generators running and admitted?"
+                    raise self._take_timeout(
+                        len(chosen), n_groups, max_lag, learner_version, timeout_s
                     )
                 state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining))
         except BaseException:
@@ -203,23 +180,6 @@ class RolloutBuffer:
         """Ack (and delete) entries without marking them trained; prefer `commit`."""
         self._settle(list(entry_ids))
 
-    def mark_trained(self, group_ids: Iterable[str]) -> None:
-        """Record group ids as trained, e.g. restored from a checkpoint when the learner resumes."""
-        ids = list(group_ids)
-        if ids:
-            self._client.sadd(self._keys.trained, *ids)
-
-    def is_trained(self, group_id: str) -> bool:
-        return bool(self._client.sismember(self._keys.trained, group_id))
-
-    def dead_letter_count(self) -> int:
-        """Messages sent to the dead letter (exported as buffer/dead_letter)."""
-        return read_counter(self._client, self._keys, DEAD_LETTER)
-
-    def dropped_stale_count(self) -> int:
-        """Groups dropped for exceeding max_lag (exported as buffer/dropped_stale)."""
-        return read_counter(self._client, self._keys, DROPPED_STALE)
-
     # ---- run control and telemetry (thin delegations, so one object serves a component) ------
 
     def request_stop(self) -> None:
@@ -232,10 +192,6 @@ class RolloutBuffer:
     def report_generator_stats(self, generator_id: str, figures: Mapping[str, float]) -> None:
         """A generator's perf/* figures (see Telemetry.report)."""
         self._telemetry.report(generator_id, figures)
-
-    def generator_stats(self) -> dict[str, dict[str, float]]:
-        """Every generator's latest figures, by generator id (see Telemetry.generators)."""
-        return self._telemetry.generators()
 
     def delete_run(self) -> int:
         """Delete all of the run's keys (a fresh trial), then recreate the empty stream."""
@@ -293,4 +249,13 @@ class RolloutBuffer:
         return TimeoutError(
             f"run {self.run_id!r}: batch {batch_index} has {have} of {n_groups} groups after "
             f"{timeout_s} s; {hint}"
+        )
+
+    def _take_timeout(
+        self, have: int, n_groups: int, max_lag: int, learner_version: int, timeout_s: float
+    ) -> TimeoutError:
+        return TimeoutError(
+            f"run {self.run_id!r}: only {have} of {n_groups} groups with lag <= {max_lag} "
+            f"arrived within {timeout_s} s (learner version {learner_version}); are generators "
+            "running and admitted?"
         )

@@ -19,21 +19,33 @@ Learner loop::
     deliveries = buffer.take_batch(step, prompts_per_step, consumer, timeout_s)     # fixed
     deliveries = buffer.take(prompts_per_step, step, max_lag, consumer, timeout_s).deliveries
     batch = collate([d.group for d in deliveries], pad_id)     # buffer.collate
-    ... train, checkpoint (with the trained group ids) ...
-    buffer.commit(deliveries)          # or mark_trained(ids) then ack(entry_ids)
-    versions.publish(step + 1, location)
+    ... train ...
+    versions.publish(step + 1, weights.write(step + 1, model))    # generators may use it now
+    ... at the next checkpoint (which records the trained group ids) ...
+    buffer.commit(deliveries)          # marks the groups trained and acks them in one MULTI
+
+The learner types against the protocols at the end of this module (RolloutSource, WeightWriter,
+VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the classes here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Protocol
+
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
 from buffer.inbox import Delivery
 from buffer.outbox import BufferFullError
-from buffer.rollout_buffer import RolloutBuffer, RolloutSink, RolloutSource, TakeResult
+from buffer.rollout_buffer import RolloutBuffer, TakeResult
 from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.tickets import TicketDispenser, admission_limit, fixed_policy_version, ticket_batch
 from buffer.versions import VersionRegistry
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from torch import nn
 
 __all__ = [
     "BufferConnectionError",
@@ -47,8 +59,11 @@ __all__ = [
     "RunKeys",
     "TakeResult",
     "Telemetry",
+    "TelemetryReader",
     "TicketDispenser",
+    "VersionPublisher",
     "VersionRegistry",
+    "WeightWriter",
     "admission_limit",
     "connect",
     "decode_group",
@@ -58,3 +73,66 @@ __all__ = [
     "redact",
     "ticket_batch",
 ]
+
+
+# ---- the learner's and the generator's view: what they call, nothing more ----------------------
+# RolloutBuffer, buffer.weight_store.WeightStore, VersionRegistry and Telemetry satisfy these
+# structurally, so the learner's signatures name what it uses, not the Redis-backed classes.
+
+
+class RolloutSink(Protocol):
+    """Where a generator pushes its groups (RolloutBuffer)."""
+
+    def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str: ...
+
+
+class RolloutSource(Protocol):
+    """Where the learner takes groups from and settles them (RolloutBuffer)."""
+
+    def take_batch(
+        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
+    ) -> list[Delivery]:
+        """Fixed staleness: exactly the groups of batch `batch_index`."""
+        ...
+
+    def take(
+        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
+    ) -> TakeResult:
+        """Bounded staleness: the next groups in arrival order with lag <= max_lag."""
+        ...
+
+    def commit(self, deliveries: Iterable[Delivery]) -> None:
+        """Mark trained and acknowledge, after the step is checkpointed."""
+        ...
+
+    def ack(self, entry_ids: Iterable[str]) -> None:
+        """Acknowledge without marking trained (redelivered copies of trained groups)."""
+        ...
+
+
+class WeightWriter(Protocol):
+    """Where the learner writes each policy version's weights (WeightStore)."""
+
+    def write(self, version: int, weights: nn.Module, config_dir: Path | None = None) -> str:
+        """Write `version` (with the base model's config files) and return its location."""
+        ...
+
+    def prune(self, keep: int, protect: Iterable[int] = ()) -> list[int]:
+        """Remove all but the newest `keep` versions, never one in `protect`."""
+        ...
+
+
+class VersionPublisher(Protocol):
+    """The learner's side of the policy-version registry (VersionRegistry)."""
+
+    def publish(self, version: int, location: str) -> None: ...
+
+    def current(self) -> tuple[int, str] | None: ...
+
+
+class TelemetryReader(Protocol):
+    """The buffer's counters and the generators' figures, read at each learner step (Telemetry)."""
+
+    def buffer_metrics(self) -> dict[str, float]: ...
+
+    def generator_metrics(self) -> dict[str, float]: ...

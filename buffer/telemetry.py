@@ -23,11 +23,6 @@ DUPLICATE = "duplicate"
 UPDATED_AT = "updated_at"  # unix seconds of a generator's last report (a liveness hint)
 
 
-def read_counter(client: redis.Redis, keys: RunKeys, name: str) -> int:
-    """One run counter (0 before it was first incremented)."""
-    return int(client.hget(keys.counters, name) or 0)
-
-
 class Telemetry:
     """Write one generator's figures; read everyone's plus the buffer's counters."""
 
@@ -56,19 +51,17 @@ class Telemetry:
         }
 
     def generator_metrics(self) -> dict[str, float]:
-        """Fleet-wide perf/* figures: tokens/s summed, idle fraction and weight-sync time averaged.
+        """Fleet-wide perf/* figures, each combined over generators by its contract.metrics rule
+        (tokens/s summed, idle fraction and weight-sync time averaged).
 
-        Only generators that reported a figure count toward its average; none reported: absent.
+        Only generators that reported a figure count toward it; none reported: absent.
         """
         figures = list(self.generators().values())
         out: dict[str, float] = {}
-        rates = [f[m.PERF_GEN_TOKENS_PER_S] for f in figures if m.PERF_GEN_TOKENS_PER_S in f]
-        if rates:
-            out[m.PERF_GEN_TOKENS_PER_S] = sum(rates)
-        for name in (m.PERF_GEN_IDLE_FRAC, m.PERF_WEIGHT_SYNC_S):
+        for name in (m.PERF_GEN_TOKENS_PER_S, m.PERF_GEN_IDLE_FRAC, m.PERF_WEIGHT_SYNC_S):
             values = [f[name] for f in figures if name in f]
             if values:
-                out[name] = sum(values) / len(values)
+                out[name] = m.combine(name, values)
         return out
 
     def buffer_metrics(self) -> dict[str, float]:

@@ -4,7 +4,8 @@ Design section 3: the learner publishes version v by writing `root/v{v:06d}/` an
 path in Redis; generators load it by path. A version directory is self-contained (weights plus the
 base model's config and tokenizer files), so vLLM can load it on its own. Directories are written
 under a hidden temporary name in the same root, fsynced, and renamed into place, so a reader never
-sees a partial version under its final name.
+sees a partial version under its final name. The learner sees the store as a
+`buffer.streams.WeightWriter`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -36,14 +36,6 @@ _TRASH_PREFIX = ".trash-"
 # A version is written in well under a minute; a staging dir older than this belongs to a writer
 # that crashed and is removed by `prune`.
 STALE_STAGING_S = 3600.0
-
-
-class WeightReader(Protocol):
-    """What generators need from a weight store: find a version's directory."""
-
-    def path(self, version: int) -> str: ...
-
-    def latest(self) -> int | None: ...
 
 
 def version_dirname(version: int) -> str:

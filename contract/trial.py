@@ -1,15 +1,18 @@
-"""A trial's identity and its files on disk (shared by the trial runner and the experiment)."""
+"""A trial's identity, its staleness mode and its statuses (shared by runner, experiment, learner,
+analysis).
+
+Where its files live is `contract.layout`; the `trial.json` record is `contract.record`.
+"""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Final, Literal, get_args
 
 # How the learner admits groups (design section 5); buffer, learner and harness share this type.
 StalenessMode = Literal["fixed", "bounded"]
+STALENESS_MODES: Final[tuple[StalenessMode, ...]] = get_args(StalenessMode)
 
 
 @dataclass(frozen=True)
@@ -23,55 +26,38 @@ class TrialSpec:
 
     @property
     def name(self) -> str:
+        """`gspo__seed0__lag2__fixed`: sortable, unique within an experiment, safe in paths."""
         return f"{self.arm}__seed{self.seed}__lag{self.lag}__{self.mode}"
 
 
-@dataclass(frozen=True)
-class TrialPaths:
-    """Where a trial keeps its outputs; everything a report or a resume needs is here."""
+class TrialStatus(StrEnum):
+    """`status` in trial.json, written by the trial runner (the learner reports the last two).
 
-    root: Path
+    A StrEnum, so a status is written to JSON and compared as its plain string value.
+    """
 
-    @property
-    def metadata(self) -> Path:
-        return self.root / "trial.json"
-
-    @property
-    def resolved_config(self) -> Path:
-        return self.root / "resolved_config.yaml"
-
-    @property
-    def prompts(self) -> Path:
-        return self.root / "prompts.parquet"
-
-    @property
-    def weights(self) -> Path:
-        return self.root / "weights"
-
-    @property
-    def redis_dir(self) -> Path:
-        return self.root / "redis"
-
-    @property
-    def logs(self) -> Path:
-        return self.root / "logs"
-
-    @property
-    def learner_outcome(self) -> Path:
-        return self.root / "learner_outcome.json"
+    RUNNING = "running"  # started; still `running` after the process is gone: it was killed
+    COMPLETED = "completed"  # trained every planned step
+    DIVERGED = "diverged"  # stopped on a non-finite loss or gradient (design section 9)
+    FAILED = "failed"  # a component crashed or the runner was interrupted; resumable
 
 
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` atomically so a reader (or a kill) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    with tmp.open("rb") as handle:
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+# A divergence is a result, not a crash, so it is final like `completed`: `harness run` skips
+# these trials. The others are resumed from their last checkpoint.
+TERMINAL_STATUSES: Final = frozenset({TrialStatus.COMPLETED, TrialStatus.DIVERGED})
+RESUMABLE_STATUSES: Final = frozenset({TrialStatus.RUNNING, TrialStatus.FAILED})
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
+class LaunchStatus(StrEnum):
+    """How a trial ended in one `harness run` launch: the MLflow child run's `status` tag.
+
+    The terminal trial statuses, plus what only the experiment sees: a trial that failed (also
+    a trial process that exited without a terminal trial.json), one stopped by a signal, and
+    one never started because the launch was interrupted first.
+    """
+
+    COMPLETED = "completed"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    NOT_STARTED = "not_started"

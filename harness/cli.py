@@ -13,6 +13,7 @@ import typer
 import yaml
 from rich.console import Console
 
+from contract.trial import StalenessMode, TrialSpec
 from harness.config import ConfigError, load_config
 
 app = typer.Typer(
@@ -23,6 +24,8 @@ app = typer.Typer(
 )
 config_app = typer.Typer(help="Inspect experiment configurations.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+data_app = typer.Typer(help="Generate task data files locally.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
@@ -57,7 +60,28 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     console.print(f"# config hash: {resolved.config_hash()}", style="dim")
 
 
-ModeOpt = Annotated[str, typer.Option("--mode", help="Staleness mode: fixed or bounded.")]
+@data_app.command("gsm8k-format")
+def data_gsm8k_format(
+    out: Annotated[Path, typer.Argument(help="Parquet file to write.")],
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the problems.")] = 0,
+    train_size: Annotated[int, typer.Option("--train-size", help="Training rows.")] = 2000,
+    test_size: Annotated[int, typer.Option("--test-size", help="Held-out test rows.")] = 128,
+    max_operand: Annotated[int, typer.Option("--max-operand", help="Largest operand.")] = 9,
+) -> None:
+    """Write GSM8K-format word problems (`#### N` answers) in verl's Parquet columns."""
+    from harness.tasks.gsm8k_format import write_gsm8k_format
+
+    try:
+        frame = write_gsm8k_format(
+            out, seed=seed, train_size=train_size, test_size=test_size, max_operand=max_operand
+        )
+    except ValueError as exc:
+        raise fail(str(exc)) from None
+    console.print(f"wrote {len(frame)} rows to {out}", highlight=False)
+
+
+# Choices come from the contract's Literal, so a new mode needs no edit here.
+ModeOpt = Annotated[StalenessMode, typer.Option("--mode", help="Staleness mode.")]
 ArmOpt = Annotated[str, typer.Option("--arm", help="Arm name from the config's `arms`.")]
 SeedOpt = Annotated[int, typer.Option("--seed", help="Trial seed.")]
 LagOpt = Annotated[int, typer.Option("--lag", help="Lag (fixed) or max lag (bounded).")]
@@ -68,18 +92,15 @@ StepsOpt = Annotated[
 ]
 
 
-def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: str):
-    from contract.trial import TrialSpec
-
-    if mode not in ("fixed", "bounded"):
-        raise fail(f"--mode must be `fixed` or `bounded`, got {mode!r}")
+def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> TrialSpec:
+    """The trial the options name; --mode is already one of STALENESS_MODES (typer checks)."""
     try:
         cfg.arm(arm)
     except ConfigError as exc:
         raise fail(str(exc)) from None
     if lag < 0:
         raise fail(f"--lag must be >= 0, got {lag}")
-    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)  # type: ignore[arg-type]
+    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)
 
 
 def _redis_env() -> tuple[str, str]:
@@ -138,7 +159,7 @@ def learner(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one learner against a Redis URL ($HARNESS_REDIS_URL) and run id ($HARNESS_RUN_ID)."""
-    from contract.trial import TrialPaths
+    from contract.layout import TrialPaths
     from harness.trial.learner_main import run_learner_component
 
     cfg = load_or_exit(config, overrides)

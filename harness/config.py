@@ -14,12 +14,37 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from analysis.config import ReportConfig
 from buffer.config import BufferConfig, StalenessConfig
-from learner.config import ArmConfig, LearnerConfig
+from learner.config import ArmConfig, LearnerConfig, warn_equivalent_arms
+from learner.sampling_dist import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
 
-ModelArch = Literal["qwen2", "qwen3_moe"]
+ModelArch = Literal["qwen2", "qwen3_moe", "mistral"]
+BuiltinTokenizer = Literal["char", "mistral-v1"]
 TaskName = Literal["addition", "multiplication", "reverse", "sort", "file"]
 GeneratorBackend = Literal["vllm", "torch"]
+# Sampling options of vLLM / transformers that change the sampled distribution in ways the learner
+# does not reproduce (so behaviour logprobs would not be the learner's): refused with a reason
+# rather than only as unknown fields.
+UNREPRODUCIBLE_SAMPLING = frozenset(
+    {
+        "min_p",
+        "typical_p",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "no_repeat_ngram_size",
+        "logit_bias",
+        "bad_words",
+        "allowed_token_ids",
+        "min_tokens",
+    }
+)
+VerifierName = Literal["auto", "exact", "integer", "gsm8k", "math"]
+Gsm8kMode = Literal["strict", "flexible"]
+PromptFormat = Literal["auto", "chat_template", "raw"]
 
 
 class ConfigError(ValueError):
@@ -36,7 +61,19 @@ class ModelConfig(BaseModel):
         description="`builtin` for the tiny model built and warm-started by the harness, or a "
         "local Hugging Face model directory (config.json, safetensors, tokenizer files).",
     )
-    arch: ModelArch = Field(default="qwen2", description="Built-in architecture: dense or MoE.")
+    arch: ModelArch = Field(
+        default="qwen2",
+        description="Built-in architecture: `qwen2` (dense), `qwen3_moe` (MoE) or `mistral` "
+        "(dense, Mistral 7B's layout in miniature).",
+    )
+    tokenizer: BuiltinTokenizer = Field(
+        default="char",
+        description="Built-in model's tokenizer. `char`: the character tokenizer, no chat "
+        "template, warm start on the task's answers. `mistral-v1`: Mistral 7B v0.1's 32,000-piece "
+        "SentencePiece BPE (shipped in mistral_common) as a Hugging Face tokenizer with the "
+        "Mistral-instruct chat template; warm start on the rendered prompts and the task file's "
+        "solutions (verl's extra_info.answer) when it has them (harness.models.chat_warm_start).",
+    )
     hidden_size: int = Field(default=64, gt=0, description="Built-in model width.")
     num_layers: int = Field(default=2, gt=0, description="Built-in model depth.")
     num_heads: int = Field(
@@ -79,7 +116,7 @@ class ModelConfig(BaseModel):
 
 
 class TaskConfig(BaseModel):
-    """Prompts and their verifiable reward."""
+    """Prompts, how they are rendered for the model, and their verifiable reward."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -89,12 +126,52 @@ class TaskConfig(BaseModel):
         default=None,
         description="`file` task: Parquet or JSONL with columns `prompt` and `ground_truth`.",
     )
+    verifier: VerifierName = Field(
+        default="auto",
+        description="How responses are scored (harness.tasks.rewards.VERIFIERS): `exact` (the "
+        "first line equals the ground truth), `integer` (the response starts with the expected "
+        "integer), `gsm8k` (the `#### N` answer or the last number, see gsm8k_mode), `math` "
+        "(the last \\boxed{...}, equivalence by math-verify). `auto`: `integer` for addition and "
+        "multiplication, `exact` for the other tasks. No effect when task.reward_fn is set.",
+    )
+    gsm8k_mode: Gsm8kMode = Field(
+        default="strict",
+        description="verifier=gsm8k only. `strict`: the number after the last `####` (verl's "
+        "default, so the reward also checks the answer format); `flexible`: the last number in "
+        "the response. Numbers compare as values after removing `,` and `$`.",
+    )
+    math_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="verifier=math only: seconds one equivalence check may take before it scores "
+        "0 (reason `timeout`); the check runs in a worker process that is killed at the limit.",
+    )
+    prompt_format: PromptFormat = Field(
+        default="auto",
+        description="`chat_template`: every prompt (a chat, or a plain prompt as one user "
+        "message) goes through the tokenizer's chat template with the generation prompt added; "
+        "`raw`: prompt text as-is, a chat's message contents joined by newlines. `auto`: "
+        "chat_template when the tokenizer has one (the built-in tokenizer has none), else raw.",
+    )
+    system_prompt: str | None = Field(
+        default=None,
+        description="Optional system message for prompts without one of their own: a system "
+        "turn under the chat template, a first line under raw rendering.",
+    )
     reward_fn: str | None = Field(
         default=None,
         description="Optional reward function `module:function(response, ground_truth) -> float`; "
-        "default: the task's exact-match verifier.",
+        "it replaces task.verifier. Like every verifier it gets the response text with special "
+        "tokens (EOS included) removed.",
     )
-    eval_size: int = Field(default=64, gt=0, description="Held-out eval prompts.")
+    eval_size: int = Field(
+        default=64,
+        gt=0,
+        description="Held-out prompts of every greedy eval: the learner's periodic eval (every "
+        "learner.eval_every steps) and the built-in model's warm-start report evaluate the first "
+        "eval_size prompts of the held-out split. A `file` task without a `split` column holds "
+        "out its last eval_size rows.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:
@@ -102,6 +179,13 @@ class TaskConfig(BaseModel):
             raise ValueError("task.path is required when task.name is `file`")
         if self.reward_fn is not None and ":" not in self.reward_fn:
             raise ValueError(f"task.reward_fn={self.reward_fn!r} must look like `module:function`")
+        if self.reward_fn is not None and self.verifier != "auto":
+            raise ValueError(
+                f"task.reward_fn={self.reward_fn!r} and task.verifier={self.verifier!r} both "
+                "choose the reward; keep one (task.verifier=auto with a reward_fn)"
+            )
+        if self.system_prompt is not None and not self.system_prompt.strip():
+            raise ValueError("task.system_prompt is empty; leave it unset for no system message")
         return self
 
 
@@ -115,8 +199,27 @@ class GenerationConfig(BaseModel):
     )
     group_size: int = Field(default=8, ge=2, description="Responses sampled per prompt.")
     max_new_tokens: int = Field(default=12, gt=0, description="Response length cap.")
-    temperature: float = Field(default=1.0, gt=0, description="Sampling temperature.")
-    top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling; 1 = off.")
+    temperature: float = Field(
+        default=1.0,
+        ge=MIN_TEMPERATURE,
+        le=MAX_TEMPERATURE,
+        description="Sampling temperature: logits are divided by it. The learner scores tokens "
+        "under the same tempered distribution. Range [0.01, 2]: vLLM raises lower values to 0.01 "
+        "and rejects higher ones.",
+    )
+    top_p: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Nucleus sampling after top-k: keep the most likely tokens until their mass "
+        "exceeds top_p (vLLM's rule), renormalise. 1 = off. The learner applies the same "
+        "nucleus; a sampled token its updated policy excludes scores ~0 (no gradient).",
+    )
+    top_k: int = Field(
+        default=0,
+        ge=0,
+        description="Keep only the top_k most likely tokens (ties kept), before top-p. 0 = off.",
+    )
     num_generators: int = Field(default=1, gt=0, description="Generator processes per trial.")
     max_prompts_per_call: int | None = Field(
         default=None,
@@ -138,6 +241,23 @@ class GenerationConfig(BaseModel):
         default=1, gt=0, description="vLLM on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE)."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unreproducible_sampling(cls, data: Any) -> Any:
+        refused = sorted(set(data) & UNREPRODUCIBLE_SAMPLING) if isinstance(data, dict) else []
+        if refused:
+            name = refused[0]
+            raise ValueError(
+                f"generation.{name} is not supported: behaviour logprobs must be of a "
+                "distribution the learner can reproduce, and it reproduces only temperature, "
+                f"top_k and top_p (learner.sampling_dist); remove generation.{name}"
+            )
+        return data
+
+    def sampling(self) -> SamplingSettings:
+        """The sampled distribution, shared by the generators and the learner."""
+        return SamplingSettings(self.temperature, self.top_p, self.top_k)
+
 
 class TrackingConfig(BaseModel):
     """MLflow tracking."""
@@ -155,18 +275,6 @@ class TrackingConfig(BaseModel):
     enabled: bool = Field(default=True, description="Log to MLflow at all.")
 
 
-class ReportSettings(BaseModel):
-    """Settings of the statistical report produced at the end of `harness run`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    last_k_evals: int = Field(default=3, gt=0, description="Evals averaged into a final score.")
-    n_resamples: int = Field(default=10_000, ge=2000, description="Bootstrap resamples.")
-    pass_threshold: float = Field(
-        default=0.5, gt=0, le=1, description="Pass rate for the time-to-threshold analysis."
-    )
-
-
 class ExperimentConfig(BaseModel):
     """A whole matched comparison: arms x seeds x staleness lags."""
 
@@ -182,7 +290,7 @@ class ExperimentConfig(BaseModel):
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    report: ReportSettings = Field(default_factory=ReportSettings)
+    report: ReportConfig = Field(default_factory=ReportConfig)
     output_dir: str = Field(default="runs", description="Root of experiment outputs.")
     max_parallel: int = Field(
         default=1,
@@ -190,6 +298,17 @@ class ExperimentConfig(BaseModel):
         description="Trials run at once. Each trial already uses a generator and a learner "
         "process, so 1 suits 2 cores.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_fields(cls, data: Any) -> Any:
+        learner = data.get("learner") if isinstance(data, dict) else None
+        if isinstance(learner, dict) and "eval_size" in learner:
+            raise ValueError(
+                "learner.eval_size is now task.eval_size (one held-out eval set for the "
+                "learner's evals and the warm-start report); move the value there"
+            )
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
@@ -226,6 +345,7 @@ class ExperimentConfig(BaseModel):
                 f"learner.prompts_per_step = {depth_needed} may wait; raise buffer.max_depth "
                 "or lower learner.checkpoint_every"
             )
+        warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
         return self
 
     def arm(self, name: str) -> ArmConfig:

@@ -3,26 +3,33 @@
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Objective = Literal["gspo", "gspo_token", "grpo", "ppo"]
-LossAggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
-AdvantageNorm = Literal["std", "mean_only"]
-KLEstimator = Literal["k1", "k2", "k3"]
+# The arm vocabulary (objective names, aggregations, ...) is declared with the arm registry and
+# re-exported here, where the rest of the learner has always imported it from.
+from learner.arms import AdvantageNorm, KLEstimator, LossAggregation, Objective, arm_spec
+
+__all__ = [
+    "AdvantageNorm",
+    "ArmConfig",
+    "EquivalentArmsWarning",
+    "KLEstimator",
+    "LRSchedule",
+    "LearnerConfig",
+    "LossAggregation",
+    "Objective",
+    "OldLogprobs",
+    "RoutingReplay",
+    "warn_equivalent_arms",
+]
+
 OldLogprobs = Literal["behavior", "recompute"]
 LRSchedule = Literal["constant", "cosine"]
 RoutingReplay = Literal["off", "old"]
 
-# Paper defaults per objective: GSPO (Zheng et al. 2025, sec. 5.1) clips the sequence ratio at
-# 3e-4/4e-4; GRPO and PPO use the usual 0.2 token-level range.
-DEFAULT_CLIP: dict[str, tuple[float, float]] = {
-    "gspo": (3e-4, 4e-4),
-    "gspo_token": (3e-4, 4e-4),
-    "grpo": (0.2, 0.2),
-    "ppo": (0.2, 0.2),
-}
 _ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -34,10 +41,16 @@ class ArmConfig(BaseModel):
     name: str = Field(description="Unique arm name (letters, digits, `_.-`), used in paths.")
     objective: Objective = Field(description="Which policy objective the arm trains.")
     eps_low: float | None = Field(
-        default=None, gt=0, description="Lower clip range; default per objective (GSPO 3e-4)."
+        default=None,
+        gt=0,
+        description="Lower clip range; default per objective (`learner.arms`: GSPO 3e-4, "
+        "GRPO/PPO 0.2).",
     )
     eps_high: float | None = Field(
-        default=None, gt=0, description="Upper clip range; default per objective (GSPO 4e-4)."
+        default=None,
+        gt=0,
+        description="Upper clip range; default per objective (`learner.arms`: GSPO 4e-4, "
+        "GRPO/PPO 0.2).",
     )
     agg: LossAggregation = Field(
         default="seq-mean-token-mean",
@@ -62,7 +75,7 @@ class ArmConfig(BaseModel):
     def _fill_defaults(self) -> ArmConfig:
         if not _ARM_NAME.match(self.name):
             raise ValueError(f"arm name {self.name!r} may only hold letters, digits and `_.-`")
-        low, high = DEFAULT_CLIP[self.objective]
+        low, high = arm_spec(self.objective).default_clip
         if self.eps_low is None:
             self.eps_low = low
         if self.eps_high is None:
@@ -100,8 +113,9 @@ class LearnerConfig(BaseModel):
     gamma: float = Field(default=1.0, ge=0, le=1, description="PPO GAE discount.")
     lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
     value_clip: float = Field(default=0.2, gt=0, description="PPO value-loss clip range.")
-    eval_every: int = Field(default=5, gt=0, description="Steps between greedy evals.")
-    eval_size: int = Field(default=64, gt=0, description="Held-out prompts per eval.")
+    eval_every: int = Field(
+        default=5, gt=0, description="Steps between greedy evals (of task.eval_size prompts)."
+    )
     checkpoint_every: int = Field(default=10, gt=0, description="Steps between checkpoints.")
     grad_spike_factor: float = Field(
         default=5.0, gt=1, description="A grad norm over this x the rolling median is a spike."
@@ -122,3 +136,39 @@ class LearnerConfig(BaseModel):
                 f"{self.prompts_per_step}; each minibatch needs at least one group"
             )
         return self
+
+
+class EquivalentArmsWarning(UserWarning):
+    """Two arms of one experiment train with the same loss value and gradient."""
+
+
+def warn_equivalent_arms(arms: list[ArmConfig], learner: LearnerConfig) -> list[str]:
+    """Warn (EquivalentArmsWarning) for each pair of arms whose objectives coincide here.
+
+    GSPO-token equals GSPO in value and gradient under sequence-level advantages (design
+    section 6), which group advantages are; per-token IS weights (`old_logprobs: recompute`)
+    are the one thing that separates them. Comparing such a pair measures only their other
+    settings, so it is most likely a mistake. Returns the messages.
+    """
+    if learner.old_logprobs == "recompute":
+        return []  # per-token IS weights give the two objectives different gradients
+    by_objective: dict[str, list[ArmConfig]] = {}
+    for arm in arms:
+        by_objective.setdefault(arm.objective, []).append(arm)
+    messages = []
+    for arm in arms:
+        spec = arm_spec(arm.objective)
+        if spec.same_gradient_as is None or spec.advantages != "group":
+            continue
+        for other in by_objective.get(spec.same_gradient_as, []):
+            messages.append(
+                f"arms {other.name!r} ({other.objective}) and {arm.name!r} ({arm.objective}) "
+                f"train one objective: under sequence-level (group) advantages and "
+                f"learner.old_logprobs=behavior, {arm.objective} takes the same loss value and "
+                f"gradient as {other.objective} (design section 6), so any difference between "
+                f"the arms comes from their other settings (clip range, KL); drop one, or keep "
+                f"both only as an equivalence check"
+            )
+    for message in messages:
+        warnings.warn(message, EquivalentArmsWarning, stacklevel=2)
+    return messages

@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from buffer.collate import RolloutBatch
+from contract import metrics as M
 
 # The other ranks wait in the batch broadcast while rank 0 takes groups from Redis (up to the
 # learner's take timeout, 600 s by default) and evaluates; the collective timeout must exceed both.
@@ -132,21 +133,28 @@ def all_reduce_sum(values: torch.Tensor, ctx: DistContext) -> torch.Tensor:
 
 
 def all_reduce_stats(stats: dict[str, float], ctx: DistContext) -> dict[str, float]:
-    """Per-rank diagnostics -> global ones: mean over ranks, min for `*ratio_min`, max for
-    `*ratio_max` / `*is_weight_max` (the rule of `learner.step._reduce`). Every rank must pass
-    the same keys; the result is identical on every rank."""
+    """Per-rank diagnostics -> global ones, each by its rule in contract.metrics.REDUCTIONS
+    (mean over ranks, min for policy/ratio_min, max for policy/ratio_max), as `learner.step`
+    combines minibatches. Every rank must pass the same keys; the result is identical on every
+    rank."""
     if ctx.world_size == 1:
         return stats
     keys = sorted(stats)
     ops = {
-        "min": (torch_dist.ReduceOp.MIN, [k for k in keys if k.endswith("ratio_min")]),
-        "max": (
-            torch_dist.ReduceOp.MAX,
-            [k for k in keys if k.endswith(("ratio_max", "is_weight_max"))],
-        ),
+        kind: (op, [k for k in keys if M.reduction(k) == kind])
+        for kind, op in (
+            ("min", torch_dist.ReduceOp.MIN),
+            ("max", torch_dist.ReduceOp.MAX),
+            ("sum", torch_dist.ReduceOp.SUM),
+            ("mean", torch_dist.ReduceOp.SUM),
+        )
     }
-    special = set(ops["min"][1]) | set(ops["max"][1])
-    ops["mean"] = (torch_dist.ReduceOp.SUM, [k for k in keys if k not in special])
+    last = [k for k in keys if M.reduction(k) == "last"]
+    if last:
+        raise ValueError(
+            f"{last} reduce by `last`, which has no order across ranks; log them on rank 0 "
+            "after the all-reduce"
+        )
     out: dict[str, float] = {}
     for kind, (op, names) in ops.items():
         if not names:

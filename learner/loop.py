@@ -27,15 +27,16 @@ from torch import nn
 
 from buffer.collate import collate
 from buffer.schema import RolloutGroup
-from buffer.streams import RolloutSource, Telemetry, VersionRegistry
-from buffer.weight_store import WeightStore
+from buffer.streams import Delivery, RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
 from contract import metrics as M
-from contract.trial import StalenessMode
+from contract.layout import TrialPaths
+from contract.trial import StalenessMode, TrialStatus
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, broadcast_batch
 from learner.metrics_log import GroupLedger, MetricsLog
 from learner.models import build_step_models, checkpoint_modules, wrap_ddp
+from learner.sampling_dist import PLAIN, SamplingSettings
 from learner.step import DivergenceError, StepModels, check_group_split, train_on_batch
 
 SPIKE_WINDOW = 20
@@ -57,11 +58,13 @@ class LearnerTask:
     consumer: str = "learner"
     take_timeout_s: float = 600.0
     steps: int | None = None  # cap on learner steps (smoke runs); default learner.steps
+    # The generators' sampled distribution: the learner scores tokens under it (learner.forward).
+    sampling: SamplingSettings = PLAIN
 
 
 @dataclass
 class LearnerOutcome:
-    status: str  # completed | diverged
+    status: TrialStatus  # completed | diverged
     steps_completed: int
     diverged_reason: str | None = None
     final_metrics: dict[str, float] = field(default_factory=dict)
@@ -109,9 +112,9 @@ def run_learner(
     task: LearnerTask,
     *,
     buffer: RolloutSource,
-    telemetry: Telemetry,
-    versions: VersionRegistry,
-    weights: WeightStore,
+    telemetry: TelemetryReader,
+    versions: VersionPublisher,
+    weights: WeightWriter,
     evaluate: Callable[[nn.Module], float],
     resume: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
@@ -125,7 +128,7 @@ def run_learner(
     models: StepModels = build_step_models(task.model_dir, task.arm, cfg, total_steps)
     modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval use these
     train_models = wrap_ddp(models, dist)
-    checkpoints = CheckpointStore(task.trial_dir / "checkpoints")
+    checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints)
     metrics_log = MetricsLog(task.trial_dir)
     ledger = GroupLedger(task.trial_dir)
     state = TrainingState()
@@ -145,7 +148,7 @@ def run_learner(
         pass_rate = evaluate(models.policy.module)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate})
     trained = set(state.trained_group_ids)
-    uncommitted: list = []  # deliveries trained since the last checkpoint
+    uncommitted: list[Delivery] = []  # trained since the last checkpoint
     metrics: dict[str, float] = {}
     while state.step < total_steps:
         step = state.step
@@ -166,10 +169,12 @@ def run_learner(
                 max_len=task.max_new_tokens,
                 version=step,
                 dist=dist,
+                sampling=task.sampling,
             )
         except DivergenceError as exc:
             # A divergence ends the trial; its groups stay pending (never marked trained).
-            return LearnerOutcome("diverged", state.step, f"step {step}: {exc}", metrics)
+            reason = f"step {step}: {exc}"
+            return LearnerOutcome(TrialStatus.DIVERGED, state.step, reason, metrics)
         state.step = step + 1
         state.updates += cfg.ppo_epochs * cfg.minibatches
         if not dist.is_main:
@@ -198,10 +203,10 @@ def run_learner(
         ledger.record(state.step, [_provenance(d) for d in deliveries])
         if on_step is not None:
             on_step(state.step, metrics)
-    return LearnerOutcome("completed", state.step, None, metrics)
+    return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics)
 
 
-def publish_unless_done(versions: VersionRegistry, version: int, location: str) -> None:
+def publish_unless_done(versions: VersionPublisher, version: int, location: str) -> None:
     """Publish `version`, unless a run killed after its last checkpoint already did.
 
     A resumed learner redoes the steps after its checkpoint and rewrites their weights into the
@@ -213,7 +218,7 @@ def publish_unless_done(versions: VersionRegistry, version: int, location: str) 
         versions.publish(version, location)
 
 
-def _provenance(delivery) -> dict[str, object]:
+def _provenance(delivery: Delivery) -> dict[str, object]:
     group = delivery.group
     return {
         "group_id": group.group_id,
@@ -223,7 +228,7 @@ def _provenance(delivery) -> dict[str, object]:
     }
 
 
-def _take(buffer, task: LearnerTask, step: int, trained: set[str]) -> list:
+def _take(buffer: RolloutSource, task: LearnerTask, step: int, trained: set[str]) -> list[Delivery]:
     """The groups of step `step` under the staleness rule, skipping ones already trained."""
     n = task.learner.prompts_per_step
     if task.mode == "fixed":
@@ -244,7 +249,13 @@ def _take(buffer, task: LearnerTask, step: int, trained: set[str]) -> list:
     return fresh
 
 
-def _commit(checkpoints, state, modules, buffer, uncommitted) -> None:
+def _commit(
+    checkpoints: CheckpointStore,
+    state: TrainingState,
+    modules: dict[str, object],
+    buffer: RolloutSource,
+    uncommitted: list[Delivery],
+) -> None:
     """Checkpoint first, then mark trained and ack: a kill in between only causes a retrain
     that the checkpoint's trained ids already exclude."""
     checkpoints.save(state, modules)

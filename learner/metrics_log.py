@@ -19,6 +19,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from contract import metrics as M
+from contract.layout import TrialPaths
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
 METRICS_SCHEMA = pa.schema(
@@ -31,7 +32,7 @@ class MetricsLog:
     """Append-only per-step metric rows under `<trial_dir>/metrics.parquet/`."""
 
     def __init__(self, trial_dir: Path) -> None:
-        self.root = Path(trial_dir) / "metrics.parquet"
+        self.root = TrialPaths(Path(trial_dir)).metrics
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _part(self, step: int) -> Path:
@@ -88,7 +89,7 @@ class GroupLedger:
     """
 
     def __init__(self, trial_dir: Path) -> None:
-        self.root = Path(trial_dir) / "trained_groups"
+        self.root = TrialPaths(Path(trial_dir)).trained_groups
         self.root.mkdir(parents=True, exist_ok=True)
 
     def record(self, step: int, rows: list[dict[str, object]]) -> None:

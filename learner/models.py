@@ -10,17 +10,22 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from transformers import AutoModelForCausalLM
 
+from learner.arms import arm_spec
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import DistContext
+from learner.dropout import disable_dropout
 from learner.schedule import lr_multiplier
 from learner.step import Optimised, StepModels
 from learner.value_model import ValueModel
 
 
 def load_causal_lm(model_dir: Path, device: str = "cpu") -> nn.Module:
-    """The policy in float32: the learner's math (ratios near 1 +- 3e-4) needs the precision."""
+    """The policy in float32: the learner's math (ratios near 1 +- 3e-4) needs the precision.
+
+    Dropout is off (`learner.dropout`); the critic and reference are copies, so theirs is too.
+    """
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return model.to(device)
+    return disable_dropout(model).to(device)
 
 
 def _optimised(module: nn.Module, lr: float, cfg: LearnerConfig, total_updates: int) -> Optimised:
@@ -42,7 +47,7 @@ def build_step_models(
     policy.train()
     total_updates = total_steps * cfg.ppo_epochs * cfg.minibatches
     value = None
-    if arm.objective == "ppo":
+    if arm_spec(arm.objective).needs_value_model:
         value = _optimised(ValueModel(policy), cfg.value_lr, cfg, total_updates)
     reference = None
     if arm.beta > 0:

@@ -2,14 +2,14 @@
 
 The step reads top to bottom like the paper's algorithm box: pick pi_old, compute advantages,
 loop over epochs and minibatches computing the arm's objective, clip gradients, update.
-Everything that differs between arms is inside `objective_kwargs` and `compute_advantages`.
+Everything that differs between arms is declared in the arm registry (`learner.arms`): the
+objective, its options, its advantage estimator, its critic and its loss units.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -17,13 +17,15 @@ from torch import Tensor, nn
 from buffer.collate import RolloutBatch
 from contract import metrics as M
 from learner.advantages import gae, group_advantages, terminal_token_rewards, whiten
+from learner.arms import LossUnits, arm_spec, objective_options
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, all_reduce_stats, all_reduce_sum, unwrap
-from learner.forward import policy_logprobs
+from learner.forward import policy_logprobs, scoring
 from learner.kl import kl_from_log_ratio, truncated_importance_weights
 from learner.masking import masked_mean
 from learner.moe import StepRouting
-from learner.objectives import OBJECTIVES, value_loss
+from learner.objectives import value_loss
+from learner.sampling_dist import PLAIN, SamplingSettings
 
 
 class DivergenceError(RuntimeError):
@@ -61,10 +63,11 @@ def compute_advantages(
     learner: LearnerConfig,
     old_values: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
-    """(advantages, returns): group-relative [B] for GSPO/GRPO, whitened GAE [B, T] for PPO."""
-    if arm.objective != "ppo":
+    """(advantages, returns) of the arm's declared kind: group-relative [B] (GSPO, GRPO;
+    returns None) or whitened GAE [B, T] with lambda-returns (PPO)."""
+    if arm_spec(arm.objective).advantages == "group":
         return group_advantages(batch.rewards, group_size, arm.adv_norm), None
-    assert old_values is not None, "PPO needs the value model's estimates"
+    assert old_values is not None, "GAE needs the value model's estimates"
     token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # (B, T)
     advantages, returns = gae(
         token_rewards, old_values, batch.response_mask, learner.gamma, learner.lam
@@ -72,28 +75,11 @@ def compute_advantages(
     return whiten(advantages, batch.response_mask), returns
 
 
-def objective_kwargs(arm: ArmConfig, max_len: int) -> dict[str, object]:
-    """The arm's clip range, aggregation and KL settings, in the objective's keyword names."""
-    kwargs: dict[str, object] = {
-        "eps_low": arm.eps_low,
-        "eps_high": arm.eps_high,
-        "beta": arm.beta,
-        "kl_estimator": arm.kl_estimator,
-    }
-    if arm.objective == "grpo":
-        kwargs.update(agg=arm.agg, max_len=max_len)
-    return kwargs
-
-
-LossUnits = Literal["tokens", "sequences"]
-
-
 def loss_units(arm: ArmConfig) -> LossUnits:
-    """What the arm's policy loss averages over: `tokens` (token-mean: DAPO, PPO) or `sequences`
-    (non-empty rows: GSPO, GSPO-token, GRPO seq-mean-*). Data-parallel ranks rescale by it."""
-    if arm.objective == "ppo" or (arm.objective == "grpo" and arm.agg == "token-mean"):
-        return "tokens"
-    return "sequences"
+    """What the arm's policy loss averages over (`ArmSpec.loss_units`): `tokens` (token-mean:
+    DAPO, PPO) or `sequences` (non-empty rows: GSPO, GSPO-token, GRPO seq-mean-*). Data-parallel
+    ranks rescale by it."""
+    return arm_spec(arm.objective).loss_units(arm.agg)
 
 
 def _count_units(mask: Tensor, units: LossUnits) -> Tensor:
@@ -174,15 +160,8 @@ def _merge(acc: dict[str, list[float]], stats: dict[str, float], prefix: str) ->
 
 
 def _reduce(acc: dict[str, list[float]]) -> dict[str, float]:
-    out = {}
-    for key, values in acc.items():
-        if key.endswith("ratio_min"):
-            out[key] = min(values)
-        elif key.endswith(("ratio_max", "is_weight_max")):
-            out[key] = max(values)
-        else:
-            out[key] = sum(values) / len(values)
-    return out
+    """Each metric over the step's updates, by its rule in contract.metrics.REDUCTIONS."""
+    return {key: M.combine(key, values) for key, values in acc.items()}
 
 
 @torch.no_grad()
@@ -210,9 +189,14 @@ def train_on_batch(
     max_len: int,
     version: int,
     dist: DistContext = SINGLE,
+    sampling: SamplingSettings = PLAIN,
 ) -> StepResult:
     """Run the step's updates at policy `version`; raise DivergenceError on a non-finite loss or
     gradient.
+
+    Every log-prob (pi_old, current policy, reference) and the logged entropy are of the sampling
+    distribution `sampling` (the generators' temperature / top-k / top-p, `learner.forward`).
+    Passes without a gradient run in eval mode (`scoring`), gradient passes in train mode.
 
     Data-parallel (`dist.world_size > 1`, modules wrapped by `learner.models.wrap_ddp`): every
     rank holds the whole batch, computes pi_old and advantages on all of it, and trains its
@@ -225,11 +209,14 @@ def train_on_batch(
     acc: dict[str, list[float]] = {}
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
     routing = StepRouting(policy, arm.routing_replay, ids.shape)
-    with torch.no_grad():
+    critic = unwrap(value) if value else None
+    with scoring(policy, models.reference, critic):  # eval mode + no_grad
         with routing.capture_old():
-            learner_lp, entropy = policy_logprobs(policy, ids, attn)  # (B, T) each
-        ref_lp = policy_logprobs(models.reference, ids, attn)[0] if models.reference else None
-        old_values = unwrap(value)(ids, attn) if value else None
+            learner_lp, entropy = policy_logprobs(policy, ids, attn, sampling)  # (B, T) each
+        ref_lp = None
+        if models.reference is not None:
+            ref_lp = policy_logprobs(models.reference, ids, attn, sampling)[0]
+        old_values = critic(ids, attn) if critic is not None else None
     is_weights, is_stats = truncated_importance_weights(
         learner_lp, batch.behavior_logprobs, mask, learner.is_cap
     )
@@ -238,8 +225,8 @@ def train_on_batch(
     else:
         old_lp, is_weights = batch.behavior_logprobs, None
     advantages, returns = compute_advantages(arm, batch, group_size, learner, old_values)
-    objective = OBJECTIVES[arm.objective]
-    kwargs = objective_kwargs(arm, max_len)
+    objective = arm_spec(arm.objective).loss
+    options = objective_options(arm, max_len)  # built once per step
     result = StepResult()
     n_groups = batch.rewards.shape[0] // group_size
     units = loss_units(arm)
@@ -249,15 +236,15 @@ def train_on_batch(
         for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
             rows = _rank_rows(minibatch, dist) if dist.world_size > 1 else minibatch
             with routing.replay(rows):  # MoE routing replay (routing_replay: old)
-                logprobs, _ = policy_logprobs(ddp_policy, ids[rows], attn[rows])
+                logprobs, _ = policy_logprobs(ddp_policy, ids[rows], attn[rows], sampling)
             loss, stats = objective(
                 logprobs,
                 old_lp[rows],
                 advantages[rows],
                 mask[rows],
+                options,
                 is_weights=None if is_weights is None else is_weights[rows],
                 ref_logprobs=None if ref_lp is None else ref_lp[rows],
-                **kwargs,
             )
             loss = _global_share(loss, _count_units(mask[rows], units), dist, "policy loss")
             result.grad_norms.append(_update(models.policy, loss, learner.grad_clip, "policy"))
@@ -277,8 +264,9 @@ def train_on_batch(
         metrics[M.POLICY_ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
     metrics[M.MISMATCH_IS_WEIGHT_MEAN] = is_stats["is_weight_mean"]
     metrics[M.MISMATCH_KL_BEHAVIOR] = engine_mismatch_kl(learner_lp, batch, version)
-    metrics[M.OPTIM_GRAD_NORM] = sum(result.grad_norms) / len(result.grad_norms)
+    metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, result.grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
-    metrics |= routing.metrics(ids, attn, mask)  # moe/* after the updates (MoE only)
+    with scoring(policy):
+        metrics |= routing.metrics(ids, attn, mask)  # moe/* after the updates (MoE only)
     result.metrics = metrics
     return result

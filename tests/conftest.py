@@ -95,3 +95,21 @@ def redis_server(tmp_path: Path) -> Iterator[RedisInstance]:
     instance = start_test_redis(data_dir)
     yield instance
     stop_test_redis(instance)
+
+
+# MLflow 3 opens `sqlite:///<cwd>/mlflow.db` (artifacts in `<cwd>/mlruns`) whenever a client gets
+# no tracking URI; run from the repository root, that leaves a store there (one got committed).
+STRAY_MLFLOW = ("mlflow.db", "mlruns", "mlartifacts")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_mlflow_store_in_the_repository() -> Iterator[None]:
+    """Fail the session if a test left an MLflow store in the repository root (use tmp dirs)."""
+    repo = Path(__file__).resolve().parents[1]
+    before = {name for name in STRAY_MLFLOW if (repo / name).exists()}
+    yield
+    created = [name for name in STRAY_MLFLOW if (repo / name).exists() and name not in before]
+    assert not created, (
+        f"tests created {created} in {repo}: give every MlflowClient / harness run an explicit "
+        "tracking URI or output dir under tmp_path"
+    )

@@ -8,25 +8,14 @@ crash or Ctrl-C picks up exactly where the disk says the experiment is.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from contract.trial import TrialSpec
+from contract.layout import ExperimentPaths, TrialPaths
+from contract.record import TrialRecord, TrialRecordError, read_trial_record
+from contract.trial import TERMINAL_STATUSES, StalenessMode, TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
-
-TRIALS_DIR = "trials"
-TRIAL_JSON = "trial.json"
-TRIAL_LOG = "trial.log"
-METRICS_DIR = "metrics.parquet"
-PROMPTS_FILE = "prompts.parquet"
-RESOLVED_CONFIG = "resolved_config.yaml"
-
-# trial.json `status` values written by the trial runner. A divergence is a result, not a crash,
-# so it is terminal like `completed`; `running` after the process is gone means it was killed.
-TERMINAL_STATUSES = frozenset({"completed", "diverged"})
-RESUMABLE_STATUSES = frozenset({"running", "failed"})
 
 TrialState = Literal["pending", "resume", "done"]
 
@@ -44,9 +33,13 @@ class PlannedTrial:
     objective: str
     seed: int
     lag: int
-    mode: str
+    mode: StalenessMode
     trial_name: str
     trial_dir: Path
+
+    @property
+    def paths(self) -> TrialPaths:
+        return TrialPaths(self.trial_dir)
 
 
 @dataclass(frozen=True)
@@ -55,22 +48,23 @@ class TrialOnDisk:
 
     `state`: `pending` (never started: start fresh), `resume` (started, not finished: start
     with `--resume`), `done` (completed or diverged: skip). `problem` is a warning to print.
+    `record` is the trial.json record, None when there is none or it is not valid.
     """
 
     spec: PlannedTrial
     state: TrialState
-    status: str | None
-    info: dict[str, Any]
+    status: TrialStatus | None
+    record: TrialRecord | None
     problem: str | None = None
 
 
-def trial_name(arm: str, seed: int, lag: int, mode: str) -> str:
+def trial_name(arm: str, seed: int, lag: int, mode: StalenessMode) -> str:
     """`gspo__seed0__lag2__fixed`: sortable, unique within an experiment, safe in paths.
 
     Delegates to the trial runner's own spec, so the directory the grid expects and the name
     the runner writes into trial.json cannot drift apart.
     """
-    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode).name  # type: ignore[arg-type]
+    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode).name
 
 
 def experiment_dir(cfg: ExperimentConfig) -> Path:
@@ -85,54 +79,36 @@ def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[Pl
     seeds with every arm and lag, i.e. a balanced (if smaller) matched comparison, instead of
     all seeds of one arm and none of another.
     """
-    root = (out_dir if out_dir is not None else experiment_dir(cfg)) / TRIALS_DIR
+    experiment = ExperimentPaths(out_dir if out_dir is not None else experiment_dir(cfg))
     mode = cfg.staleness.mode
     specs = []
     for seed in cfg.seeds:
         for lag in cfg.staleness.lags:
             for arm in cfg.arms:
                 name = trial_name(arm.name, seed, lag, mode)
+                trial_dir = experiment.trial(name).root
                 specs.append(
-                    PlannedTrial(arm.name, arm.objective, seed, lag, mode, name, root / name)
+                    PlannedTrial(arm.name, arm.objective, seed, lag, mode, name, trial_dir)
                 )
     return specs
 
 
-def read_trial_json(trial_dir: Path) -> dict[str, Any] | None:
-    """The parsed `trial.json`, or None when the trial never started.
-
-    Raises ValueError (naming the file) when it exists but is not a JSON object; the trial
-    runner writes it atomically, so that means someone edited or truncated it.
-    """
-    path = Path(trial_dir) / TRIAL_JSON
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        info = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc})") from None
-    if not isinstance(info, dict):
-        raise ValueError(f"{path} holds a {type(info).__name__}, expected a JSON object")
-    return info
-
-
-def _check_identity(spec: PlannedTrial, info: dict[str, Any]) -> None:
+def _check_identity(spec: PlannedTrial, record: TrialRecord) -> None:
     """Refuse to skip or resume a directory that holds another trial (e.g. a copied dir)."""
     expected = {"arm": spec.arm, "seed": spec.seed, "lag": spec.lag, "mode": spec.mode}
     for key, want in expected.items():
-        if key in info and info[key] != want:
+        found = getattr(record, key)
+        if found != want:
             raise TrialStateError(
-                f"{spec.trial_dir / TRIAL_JSON} says {key}={info[key]!r} but the directory "
+                f"{spec.paths.metadata} says {key}={found!r} but the directory "
                 f"belongs to trial {spec.trial_name} ({key}={want!r}); remove or move that "
                 "directory, or use another output_dir"
             )
 
 
-def _mismatch(info: dict[str, Any], config_hash: str | None, steps: int | None) -> str | None:
+def _mismatch(record: TrialRecord, config_hash: str | None, steps: int | None) -> str | None:
     """Why a trial's results are not comparable with this launch's config, if they are not."""
-    ran_hash, ran_steps = info.get("config_hash"), info.get("steps_planned")
+    ran_hash, ran_steps = record.config_hash, record.steps_planned
     if config_hash is not None and ran_hash is not None and ran_hash != config_hash:
         return (
             f"ran with config hash {ran_hash}, the current config's is {config_hash}: its "
@@ -151,25 +127,22 @@ def classify_trial(
 ) -> TrialOnDisk:
     """Decide whether `spec` is to be started, resumed or skipped, from its trial.json.
 
-    An unreadable or unknown-status trial.json is resumed (the runner keeps checkpoints and
-    knows best whether they are usable) rather than skipped, so a result is never assumed.
-    A trial run under another config hash or step count is still skipped or resumed as its
-    status says, with a warning in `problem` (the harness never deletes results).
+    An invalid trial.json (unreadable, an unknown status, identity keys missing) is resumed
+    (the runner keeps checkpoints and knows best whether they are usable) rather than skipped,
+    so a result is never assumed. A trial run under another config hash or step count is still
+    skipped or resumed as its status says, with a warning in `problem` (the harness never
+    deletes results).
     """
     try:
-        info = read_trial_json(spec.trial_dir)
-    except ValueError as exc:
-        return TrialOnDisk(spec, "resume", None, {}, f"{exc}; resuming it")
-    if info is None:
-        return TrialOnDisk(spec, "pending", None, {})
-    _check_identity(spec, info)
-    status = str(info.get("status"))
-    problem = _mismatch(info, config_hash, steps)
-    if status in TERMINAL_STATUSES:
-        return TrialOnDisk(spec, "done", status, info, problem)
-    if status not in RESUMABLE_STATUSES:
-        problem = f"unknown status {status!r} in {TRIAL_JSON}; resuming it"
-    return TrialOnDisk(spec, "resume", status, info, problem)
+        record = read_trial_record(spec.trial_dir)
+    except TrialRecordError as exc:
+        return TrialOnDisk(spec, "resume", None, None, f"{exc}; resuming it")
+    if record is None:
+        return TrialOnDisk(spec, "pending", None, None)
+    _check_identity(spec, record)
+    problem = _mismatch(record, config_hash, steps)
+    state: TrialState = "done" if record.status in TERMINAL_STATUSES else "resume"
+    return TrialOnDisk(spec, state, record.status, record, problem)
 
 
 def classify_trials(

@@ -7,6 +7,7 @@ The server is a child process in its own session, stopped with its whole group o
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from rich.console import Console
 
 from harness.experiment.scheduler import stop_group
 from harness.experiment.tracking import DEFAULT_ARTIFACTS, DEFAULT_DB, artifact_location
+from harness.signals import SignalLatch, forward_signals
 
 HOST = "127.0.0.1"
 
@@ -111,16 +113,18 @@ def stop_ui(server: UiServer, grace_s: float = 10.0) -> None:
 
 
 def serve_ui(out_dir_or_uri: str | Path, port: int = 5000, console: Console | None = None) -> int:
-    """Serve the MLflow UI until Ctrl-C; prints the URL. Returns the server's exit status."""
+    """Serve the MLflow UI until Ctrl-C; prints the URL. Returns the server's exit status.
+
+    Only SIGINT is caught (as KeyboardInterrupt was): a SIGTERM still ends this process at once.
+    """
     console = console or Console()
     server = start_ui(out_dir_or_uri, port)
     console.print(f"MLflow UI: {server.url}  (Ctrl-C to stop)", highlight=False)
+    ctrl_c = SignalLatch()
     try:
-        while server.process.poll() is None:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        stop_ui(server)
-        return 0  # stopped by the user: a normal end
+        with forward_signals(ctrl_c.set, signals=(signal.SIGINT,)):
+            while server.process.poll() is None and not ctrl_c.caught:
+                time.sleep(0.5)
     finally:
         stop_ui(server)
-    return int(server.process.returncode)
+    return 0 if ctrl_c.caught else int(server.process.returncode)  # Ctrl-C: a normal end

@@ -26,18 +26,25 @@ from rich.progress import (
 )
 
 from contract import metrics as M
-from harness.experiment.grid import METRICS_DIR, PlannedTrial
+from contract.layout import TrialPaths
+from contract.trial import LaunchStatus
+from harness.experiment.grid import PlannedTrial
 
 _PART = re.compile(r"^part-(\d+)\.parquet$")
 WATCHED = (M.REWARD_MEAN, M.EVAL_PASS_RATE)
-STATUS_STYLE = {"completed": "green", "diverged": "yellow", "failed": "red", "interrupted": "red"}
+STATUS_STYLE = {
+    LaunchStatus.COMPLETED: "green",
+    LaunchStatus.DIVERGED: "yellow",
+    LaunchStatus.FAILED: "red",
+    LaunchStatus.INTERRUPTED: "red",
+}
 
 
 class MetricsTail:
     """Latest step and latest non-NaN watched metrics of one trial, read incrementally."""
 
     def __init__(self, trial_dir: Path) -> None:
-        self.root = Path(trial_dir) / METRICS_DIR
+        self.root = TrialPaths(Path(trial_dir)).metrics
         self._reset()
 
     def _reset(self) -> None:

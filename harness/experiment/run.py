@@ -9,7 +9,6 @@ to MLflow, refresh the progress display. Ctrl-C or SIGTERM stops every trial's p
 from __future__ import annotations
 
 import fcntl
-import importlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -20,6 +19,8 @@ from typing import Any
 import yaml
 from rich.console import Console
 
+from contract.layout import ExperimentPaths
+from contract.trial import LaunchStatus
 from harness.config import ExperimentConfig
 from harness.experiment.grid import (
     PlannedTrial,
@@ -29,14 +30,9 @@ from harness.experiment.grid import (
     experiment_dir,
 )
 from harness.experiment.progress import ExperimentProgress
-from harness.experiment.scheduler import (
-    CommandBuilder,
-    TrialExit,
-    TrialPool,
-    forward_signals,
-    trial_command,
-)
+from harness.experiment.scheduler import CommandBuilder, TrialExit, TrialPool, trial_command
 from harness.experiment.tracking import Tracker, open_tracker
+from harness.signals import forward_signals
 
 __all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
 
@@ -58,7 +54,7 @@ class TrialResult:
     """
 
     spec: PlannedTrial
-    status: str
+    status: LaunchStatus
     message: str
     skipped: bool = False
     resumed: bool = False
@@ -80,7 +76,7 @@ class ExperimentResult:
 
     @property
     def failed(self) -> list[TrialResult]:
-        return [t for t in self.trials if t.status == "failed"]
+        return [t for t in self.trials if t.status == LaunchStatus.FAILED]
 
     @property
     def exit_code(self) -> int:
@@ -134,7 +130,8 @@ def _plan(
             console.print(f"[yellow]warning:[/] {text}", highlight=False)
         if trial.state == "done":
             message = "finished in an earlier launch"
-            result.trials.append(TrialResult(trial.spec, str(trial.status), message, skipped=True))
+            status = LaunchStatus(trial.status)  # a terminal trial status: completed or diverged
+            result.trials.append(TrialResult(trial.spec, status, message, skipped=True))
         else:
             queue.append(trial)
     return queue
@@ -152,8 +149,8 @@ def _record_exit(
     what = f"log trial {done.spec.trial_name}"
     _track(console, result, what, tracker.trial_ended, done.spec, done.status, done.message)
     progress.trial_finished(done.spec, done.status, done.message)
-    if done.status == "failed":
-        console.print(f"  see {done.spec.trial_dir / 'trial.log'}", highlight=False)
+    if done.status == LaunchStatus.FAILED:
+        console.print(f"  see {done.spec.paths.trial_log}", highlight=False)
 
 
 def _run_queue(
@@ -204,7 +201,8 @@ def _finish_trials(
 ) -> None:
     """Record the never-started trials and put the results in grid order (not exit order)."""
     for trial in queue:
-        result.trials.append(TrialResult(trial.spec, "not_started", "launch interrupted"))
+        not_started = TrialResult(trial.spec, LaunchStatus.NOT_STARTED, "launch interrupted")
+        result.trials.append(not_started)
     order = {t.spec.trial_name: index for index, t in enumerate(trials)}
     result.trials.sort(key=lambda t: order[t.spec.trial_name])
 
@@ -237,7 +235,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     result = ExperimentResult(out_dir)
     with experiment_lock(out_dir):
         resolved = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
-        (out_dir / "resolved_config.yaml").write_text(resolved)
+        ExperimentPaths(out_dir).resolved_config.write_text(resolved)
         per_trial = steps if steps is not None else cfg.learner.steps
         specs = expand_trials(cfg, out_dir)
         trials = classify_trials(specs, cfg.config_hash(), per_trial)
@@ -286,26 +284,6 @@ def _parent_status(result: ExperimentResult) -> str:
     return "FAILED" if result.failed else "FINISHED"
 
 
-def analysis_function(name: str) -> Callable[..., Any] | None:
-    """`analysis.<name>` (the contract), else where the analysis package defines it today."""
-    for module in ("analysis", "analysis.report", "analysis.mlflow_report"):
-        try:
-            found = getattr(importlib.import_module(module), name, None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    return None
-
-
-def report_config(cfg: ExperimentConfig) -> Any:
-    """The analysis package's ReportConfig from the experiment's `report` settings."""
-    from analysis.config import ReportConfig
-
-    settings = cfg.report.model_dump()
-    return ReportConfig(**{k: v for k, v in settings.items() if k in ReportConfig.model_fields})
-
-
 def _report(
     cfg: ExperimentConfig,
     out_dir: Path,
@@ -315,24 +293,20 @@ def _report(
 ) -> None:
     """Build `<out_dir>/report/` and log it to the parent run; a failure is reported, not
     raised, because the trials (the expensive part) are already safe on disk."""
-    build = analysis_function("build_report")
-    log = analysis_function("log_report_to_mlflow")
-    if build is None or log is None:
-        result.report_error = "analysis.build_report / log_report_to_mlflow are not available"
-        console.print(f"[yellow]warning:[/] {result.report_error}; no report", highlight=False)
-        return
+    # Imported here: the analysis package pulls in matplotlib, which `harness run` only needs now.
+    from analysis import build_report, log_report_to_mlflow
+
     try:
-        built = build(out_dir, out_dir / REPORT_DIR, config=report_config(cfg))
+        built = build_report(out_dir, out_dir / REPORT_DIR, config=cfg.report)
     except Exception as exc:  # the report must not hide the trials' outcome
         result.report_error = f"{type(exc).__name__}: {exc}"
         console.print(f"[red]report failed:[/] {result.report_error}", highlight=False)
         return
-    for key in ("markdown_path", "html_path", "summary_path"):
-        path = getattr(built, key, None)
-        if isinstance(path, Path):
-            result.report_paths[key.removesuffix("_path")] = path
-    report_dir = Path(getattr(built, "out_dir", out_dir / REPORT_DIR))
-    _track(console, result, "log the report", tracker.log_report, report_dir, built.summary, log)
+    result.report_paths.update(
+        markdown=built.markdown_path, html=built.html_path, summary=built.summary_path
+    )
+    log = log_report_to_mlflow
+    _track(console, result, "log the report", tracker.log_report, built.out_dir, built.summary, log)
 
 
 def _print_summary(console: Console, result: ExperimentResult) -> None:

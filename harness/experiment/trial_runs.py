@@ -32,19 +32,19 @@ from mlflow.utils.validation import (
 )
 
 from contract import metrics as M
-from harness.experiment.grid import (
+from contract.layout import (
+    LOGS_DIR,
     METRICS_DIR,
     PROMPTS_FILE,
     RESOLVED_CONFIG,
+    TRIAL_ARTIFACTS,
     TRIAL_JSON,
     TRIAL_LOG,
-    PlannedTrial,
+    TrialPaths,
 )
+from harness.experiment.grid import PlannedTrial
 from learner.metrics_log import MetricsLog
 
-PARENT_TAG = "mlflow.parentRunId"
-TRIAL_ARTIFACTS = "trial"
-LOGS_DIR = "logs"
 DATASET_CONTEXT = "train"
 TRUNCATED = "...[truncated]"
 # `scheme://user:password@` in any string (Redis URLs with a password, tracking URIs with basic
@@ -182,7 +182,7 @@ def metric_batches(table: pa.Table, now_ms: int) -> Iterator[list[Metric]]:
 
 def read_metrics(trial_dir: Path) -> pa.Table | None:
     """All metric rows of a trial (None if it wrote none), via the learner's own reader."""
-    if not (Path(trial_dir) / METRICS_DIR).is_dir():
+    if not TrialPaths(Path(trial_dir)).metrics.is_dir():
         return None
     table = MetricsLog(trial_dir).read()
     return table if table.num_rows else None
@@ -268,7 +268,7 @@ def log_trial_files(
         for batch in metric_batches(table, int(time.time() * 1000)):
             client.log_batch(run_id, metrics=batch, synchronous=True)
             logged += len(batch)
-    prompts = spec.trial_dir / PROMPTS_FILE
+    prompts = spec.paths.prompts
     if prompts.is_file():
         client.log_inputs(run_id, datasets=[prompt_dataset(prompts, spec.seed)])
     staging_root.mkdir(parents=True, exist_ok=True)

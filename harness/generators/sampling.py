@@ -1,9 +1,10 @@
-"""The sampled distribution, written once: temperature, then top-p, then renormalise.
+"""Checks that a generator's behaviour log-probs are the learner's log-probs of the same weights.
 
-Behaviour log-probs are log-probs of this distribution (design sections 4 and 6), so the torch
-backend samples from it, the learner can recompute pi_old under it, and tests compare vLLM's
-`processed_logprobs` against it. The top-p rule follows vLLM's (`apply_top_k_top_p_pytorch`): sort
-ascending, drop tokens whose cumulative probability is <= 1 - top_p, always keep the most likely.
+The sampled distribution itself (temperature, top-k, top-p) is defined once in
+`learner.sampling_dist`: the torch backend samples from it, vLLM's `processed_logprobs` are of it,
+and the learner scores under it. This module recomputes behaviour log-probs with the learner's own
+scoring pass (`learner.forward.policy_logprobs`), so a passing check means identical weights give
+ratio 1 in training, not merely that two samplers agree.
 """
 
 from __future__ import annotations
@@ -14,48 +15,29 @@ import torch
 from torch import nn
 
 from harness.generators.base import GenRequest, GenResult
+from learner.forward import policy_logprobs, scoring
+from learner.sampling_dist import SamplingSettings
 
 
-def sampling_logits(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Float32 logits of the sampled distribution: tokens outside the nucleus get -inf."""
-    scaled = logits.float() / temperature  # (..., V)
-    if top_p >= 1.0:
-        return scaled
-    ascending, order = scaled.sort(dim=-1)
-    cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # (..., V), last entry = 1
-    drop = cumulative <= 1.0 - top_p
-    drop[..., -1] = False  # the most likely token always stays
-    ascending = ascending.masked_fill(drop, float("-inf"))
-    return torch.empty_like(scaled).scatter_(-1, order, ascending)
-
-
-def sampling_logprobs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """Log-probs of the sampled distribution, float32, -inf outside the nucleus."""
-    return sampling_logits(logits, temperature, top_p).log_softmax(dim=-1)
-
-
-@torch.no_grad()
 def recompute_logprobs(
     model: nn.Module,
     prompt_ids: Sequence[int],
     response_ids: Sequence[int],
-    temperature: float,
-    top_p: float,
+    sampling: SamplingSettings,
 ) -> torch.Tensor:
-    """Behaviour log-probs of one response by a plain full-sequence forward (no cache, no batch)."""
+    """Log-probs [R] of one response as the learner scores it (full-sequence forward, no cache)."""
     device = next(model.parameters()).device
     ids = torch.tensor([[*prompt_ids, *response_ids]], device=device)  # (1, P + R)
-    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1]  # (R, V): position t predicts t + 1
-    targets = ids[0, len(prompt_ids) :, None]  # (R, 1)
-    return sampling_logprobs(logits, temperature, top_p).gather(-1, targets)[:, 0].cpu()
+    with scoring(model):
+        logprobs, _ = policy_logprobs(model, ids, torch.ones_like(ids), sampling)  # (1, P + R)
+    return logprobs[0, len(prompt_ids) :].cpu()
 
 
 def max_logprob_gap(
     model: nn.Module,
     requests: Sequence[GenRequest],
     results: Sequence[GenResult],
-    temperature: float,
-    top_p: float,
+    sampling: SamplingSettings,
 ) -> float:
     """Largest |generator logprob - recomputed logprob| over every response token of a batch.
 
@@ -65,7 +47,7 @@ def max_logprob_gap(
     worst = 0.0
     for request, result in zip(requests, results, strict=True):
         for ids, logprobs in zip(result.response_ids, result.behavior_logprobs, strict=True):
-            expected = recompute_logprobs(model, request.prompt_ids, ids, temperature, top_p)
+            expected = recompute_logprobs(model, request.prompt_ids, ids, sampling)
             gap = (torch.tensor(logprobs, dtype=torch.float32) - expected).abs().max().item()
             worst = max(worst, gap)
     return worst

@@ -1,9 +1,10 @@
 """The torch reference generator: a Hugging Face forward with a KV cache and our own sampler.
 
-Slower than vLLM on anything but tiny models, but every step is visible: temperature, top-p
-(`sampling.sampling_logits`), and one `torch.Generator` per sample seeded by its `sample_seed`, so
-a sample's random numbers never depend on what else is in the batch. On CPU in float32 two runs
-with the same seeds give bitwise identical tokens and logprobs.
+Slower than vLLM on anything but tiny models, but every step is visible: temperature, top-k, top-p
+(`learner.sampling_dist`, the distribution the learner scores under), and one `torch.Generator`
+per sample seeded by its `sample_seed`, so a sample's random numbers never depend on what else is
+in the batch. On CPU in float32 two runs with the same seeds give bitwise identical tokens and
+logprobs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from harness.generators.base import (
     group_samples,
     set_torch_threads,
 )
-from harness.generators.sampling import sampling_logprobs
+from learner.sampling_dist import processed_logprobs
 
 # Rows (samples) decoded together; bounds the KV cache of one batch.
 DEFAULT_MAX_BATCH_ROWS = 256
@@ -203,10 +204,10 @@ class TorchGenerator:
         generators = [
             torch.Generator(device=self._device).manual_seed(int(row.seed)) for row in rows
         ]
-        temperature, top_p = self.sampling.temperature, self.sampling.top_p
+        sampling = self.sampling
 
         def choose(logits: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logprobs = sampling_logprobs(logits, temperature, top_p)  # (B, V)
+            logprobs = processed_logprobs(logits, sampling)  # (B, V), -inf outside top-k/p
             noise = torch.ones_like(logprobs)  # (B, V); finished rows keep 1 and are ignored
             for i in active.nonzero()[:, 0].tolist():
                 noise[i].exponential_(generator=generators[i])

@@ -2,8 +2,10 @@
 
 Facts this module relies on, checked against the installed vLLM (0.32):
 - `logprobs_mode="processed_logprobs"` makes the returned logprob of a sampled token the log-prob
-  under the distribution actually sampled (after temperature and top-p), which is the behaviour
-  policy; the default `raw_logprobs` would ignore the temperature.
+  under the distribution actually sampled (logits / temperature, then top-k, then top-p, the
+  order `learner.sampling_dist` reproduces for the learner), which is the behaviour policy; the
+  default `raw_logprobs` would ignore the temperature. No other logits processor is active: every
+  penalty, min-p and bias keeps its neutral default, since the learner could not reproduce it.
 - `SamplingParams(seed=...)` gives each request its own torch.Generator, so a sample's random
   numbers depend on its seed only.
 - Weights are swapped without a restart by `collective_rpc("reload_weights", weights_path=DIR,
@@ -137,6 +139,7 @@ class VLLMGenerator:
                     SamplingParams(
                         temperature=self.sampling.temperature,
                         top_p=self.sampling.top_p,
+                        top_k=self.sampling.top_k,
                         seed=seed,
                         max_tokens=request.max_new_tokens,
                         logprobs=0,  # the sampled token's logprob only

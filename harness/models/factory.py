@@ -1,11 +1,13 @@
 """Model directories: build (and cache) the built-in model, or validate a user's model path.
 
-The built-in model is a tiny Qwen2 (or Qwen3-MoE) causal LM with the character tokenizer,
+The built-in model is a tiny Qwen2 (or Qwen3-MoE, or Mistral) causal LM with the character
+tokenizer or Mistral 7B's production tokenizer (`model.tokenizer`, harness.models.mistral_vocab),
 warm-started on the task, saved in Hugging Face format so the learner (transformers) and the
-generators (vLLM or torch) load the very same files. A build is a pure function of its cache key
-(model config minus cache_dir, task settings, FORMAT_VERSION, library versions), so it is built
-once into `cache_dir/<key>`: in a temporary directory renamed into place when complete (readers
-never see half a model), under an fcntl lock (concurrent trials wait instead of building twice).
+generators (vLLM or torch) load the very same files, exactly as they load a user's model. A
+build is a pure function of its cache key (model config minus cache_dir, task settings,
+FORMAT_VERSION, library versions), so it is built once into `cache_dir/<key>`: in a temporary
+directory renamed into place when complete (readers never see half a model), under an fcntl lock
+(concurrent trials wait instead of building twice).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,11 @@ import torch
 import transformers
 from transformers import (
     AutoModelForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PretrainedConfig,
     PreTrainedModel,
+    PreTrainedTokenizerBase,
     Qwen2Config,
     Qwen2ForCausalLM,
     Qwen3MoeConfig,
@@ -36,6 +42,8 @@ from transformers import (
 )
 
 from harness.config import ModelConfig, TaskConfig
+from harness.models.chat_warm_start import chat_warm_start
+from harness.models.mistral_vocab import build_mistral_tokenizer, save_mistral_tokenizer
 from harness.models.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -44,9 +52,10 @@ from harness.models.tokenizer import (
     load_tokenizer,
     save_tokenizer,
 )
-from harness.models.warm_start import warm_start
+from harness.models.warm_start import WarmStartReport, warm_start
 from harness.provenance import file_digest
-from harness.tasks.factory import make_task
+from harness.tasks.factory import make_rendered_task, make_task
+from harness.tasks.rendering import renderer_for
 from harness.tasks.rewards import make_reward_fn
 
 __all__ = [
@@ -62,7 +71,7 @@ logger = logging.getLogger(__name__)
 
 # Bump whenever the bytes a build produces change for the same config (tokenizer vocabulary, task
 # generators, warm-start recipe, saved files), so stale cache entries are never reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # A warm start of the default config takes seconds; a large one minutes. Waiting longer than this
 # for another process's build means that process is stuck.
 LOCK_TIMEOUT_S = 1800.0
@@ -94,7 +103,23 @@ def builtin_cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:24]
 
 
-def _common_arch(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
+@dataclass(frozen=True)
+class SpecialIds:
+    """The tokenizer's BOS / EOS / pad ids, recorded in config.json."""
+
+    bos: int
+    eos: int
+    pad: int
+
+
+CHAR_SPECIAL_IDS = SpecialIds(bos=BOS_ID, eos=EOS_ID, pad=PAD_ID)
+
+
+def special_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialIds:
+    return SpecialIds(tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+
+
+def _common_arch(cfg: ModelConfig, vocab_size: int, ids: SpecialIds) -> dict[str, Any]:
     return {
         "vocab_size": vocab_size,
         "hidden_size": cfg.hidden_size,
@@ -106,21 +131,36 @@ def _common_arch(cfg: ModelConfig, vocab_size: int) -> dict[str, Any]:
         "rope_theta": ROPE_THETA,
         "initializer_range": INITIALIZER_RANGE,
         "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "pad_token_id": PAD_ID,
-        "use_sliding_window": False,
+        "bos_token_id": ids.bos,
+        "eos_token_id": ids.eos,
+        "pad_token_id": ids.pad,
     }
 
 
-def qwen2_config(cfg: ModelConfig, vocab_size: int) -> PretrainedConfig:
-    return Qwen2Config(**_common_arch(cfg, vocab_size))
+def qwen2_config(
+    cfg: ModelConfig, vocab_size: int, ids: SpecialIds = CHAR_SPECIAL_IDS
+) -> PretrainedConfig:
+    return Qwen2Config(**_common_arch(cfg, vocab_size, ids), use_sliding_window=False)
 
 
-def qwen3_moe_config(cfg: ModelConfig, vocab_size: int) -> PretrainedConfig:
+def mistral_config(
+    cfg: ModelConfig, vocab_size: int, ids: SpecialIds = CHAR_SPECIAL_IDS
+) -> PretrainedConfig:
+    """Mistral 7B's layout (GQA, RMSNorm, SwiGLU, RoPE), full attention (no sliding window)."""
+    return MistralConfig(
+        **_common_arch(cfg, vocab_size, ids),
+        head_dim=cfg.hidden_size // cfg.num_heads,
+        sliding_window=None,
+    )
+
+
+def qwen3_moe_config(
+    cfg: ModelConfig, vocab_size: int, ids: SpecialIds = CHAR_SPECIAL_IDS
+) -> PretrainedConfig:
     """Every layer sparse; each expert as wide as the dense MLP (`intermediate_size`)."""
     return Qwen3MoeConfig(
-        **_common_arch(cfg, vocab_size),
+        **_common_arch(cfg, vocab_size, ids),
+        use_sliding_window=False,
         head_dim=cfg.hidden_size // cfg.num_heads,  # Qwen3's default head_dim is 128
         num_experts=cfg.num_experts,
         num_experts_per_tok=cfg.experts_per_token,
@@ -132,28 +172,56 @@ def qwen3_moe_config(cfg: ModelConfig, vocab_size: int) -> PretrainedConfig:
     )
 
 
-ARCHITECTURES: dict[str, tuple[Callable[[ModelConfig, int], PretrainedConfig], type]] = {
+ARCHITECTURES: dict[str, tuple[Callable[..., PretrainedConfig], type]] = {
     "qwen2": (qwen2_config, Qwen2ForCausalLM),
     "qwen3_moe": (qwen3_moe_config, Qwen3MoeForCausalLM),
+    "mistral": (mistral_config, MistralForCausalLM),
 }
+# model.tokenizer -> (build(model_max_length), save(tokenizer, directory)).
+TOKENIZERS: dict[str, tuple[Callable[[int], Any], Callable[[Any, Path], None]]] = {
+    "char": (lambda n: build_char_tokenizer(model_max_length=n), save_tokenizer),
+    "mistral-v1": (build_mistral_tokenizer, save_mistral_tokenizer),
+}
+
+
+def _warm_start(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    model_cfg: ModelConfig,
+    task_cfg: TaskConfig,
+) -> WarmStartReport:
+    """Character tokenizer: SFT on the task's answers; a chat tokenizer: on rendered prompts."""
+    reward_fn = make_reward_fn(task_cfg)
+    if model_cfg.tokenizer == "char":
+        task = make_rendered_task(task_cfg, tokenizer)
+        return warm_start(
+            model, tokenizer, task, reward_fn, config=model_cfg, eval_size=task_cfg.eval_size
+        )
+    renderer = renderer_for(task_cfg, tokenizer)  # as make_rendered_task renders
+    return chat_warm_start(
+        model,
+        tokenizer,
+        make_task(task_cfg),
+        renderer,
+        reward_fn,
+        model_cfg=model_cfg,
+        task_cfg=task_cfg,
+    )
 
 
 def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -> None:
     """Initialise from `init_seed`, warm-start, and save model + tokenizer + reports to out_dir."""
-    tokenizer = build_char_tokenizer(model_max_length=model_cfg.max_seq_len)
+    build_tokenizer, save = TOKENIZERS[model_cfg.tokenizer]
+    tokenizer = build_tokenizer(model_cfg.max_seq_len)
     make_config, model_class = ARCHITECTURES[model_cfg.arch]
-    hf_config = make_config(model_cfg, len(tokenizer))
-    task = make_task(task_cfg)
+    hf_config = make_config(model_cfg, len(tokenizer), special_ids(tokenizer))
     with torch.random.fork_rng(devices=[]):  # caller's RNG state is restored afterwards
         torch.manual_seed(model_cfg.init_seed)
         model = model_class(hf_config)
-        reward_fn = make_reward_fn(task_cfg)
-        report = warm_start(
-            model, tokenizer, task, reward_fn, config=model_cfg, eval_size=task_cfg.eval_size
-        )
+        report = _warm_start(model, tokenizer, model_cfg, task_cfg)
     model.generation_config.do_sample = False  # no sampling defaults leak into vLLM/generate
     model.save_pretrained(str(out_dir))
-    save_tokenizer(tokenizer, out_dir)
+    save(tokenizer, out_dir)
     (out_dir / WARM_START_FILE).write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
     info = {
         "format_version": FORMAT_VERSION,

@@ -18,6 +18,7 @@ Contract the rest of the harness relies on:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -88,9 +89,31 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
     (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
 
 
+# tokenizer_config.json classes that mean "the pipeline is the one in tokenizer.json".
+GENERIC_TOKENIZER_CLASSES = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+
+
+def declared_tokenizer_class(directory: Path | str) -> str | None:
+    """`tokenizer_class` of the directory's tokenizer_config.json, if it names one."""
+    path = Path(directory) / "tokenizer_config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("tokenizer_class")
+
+
 def load_tokenizer(directory: Path | str) -> PreTrainedTokenizerBase:
-    """Load any saved Hugging Face tokenizer offline (never touches a model hub)."""
-    tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    """Load any saved Hugging Face tokenizer offline (never touches a model hub).
+
+    A directory whose tokenizer_config.json declares a generic class (the built-in tokenizer's
+    `PreTrainedTokenizerFast`) is loaded as exactly that: transformers 5's AutoTokenizer swaps in
+    the model type's own class for some types (qwen2 among them), and Qwen2's class rebuilds a
+    byte-level pipeline that drops the character tokenizer's spaces and newlines. Any other
+    directory goes through AutoTokenizer, as a downloaded model would.
+    """
+    if declared_tokenizer_class(directory) in GENERIC_TOKENIZER_CLASSES:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise ValueError(
             f"tokenizer in {directory} has no pad token; set `pad_token` in its "
@@ -111,3 +134,17 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     user tokenizer's BOS conventions are not silently mixed into the matched prompt stream.
     """
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def response_text(tokenizer: PreTrainedTokenizerBase, response_ids: Sequence[int]) -> str:
+    """A response as every verifier and reward function sees it, in rollouts and evals alike.
+
+    Cut at the first EOS (generators stop on it; batched `generate` pads after it), then decoded
+    with special tokens skipped, so `42<|im_end|>`, `42</s>` and `42<eos>` all read `42`. EOS
+    decides `finish_reason` only, never the reward: a decode that kept it would make a response
+    score differently in training and in eval.
+    """
+    ids = list(response_ids)
+    if tokenizer.eos_token_id in ids:
+        ids = ids[: ids.index(tokenizer.eos_token_id)]
+    return tokenizer.decode(ids, skip_special_tokens=True)

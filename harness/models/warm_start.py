@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from harness.config import ModelConfig
-from harness.models.tokenizer import encode_prompt
+from harness.models.tokenizer import encode_prompt, response_text
 from harness.tasks.base import Prompt, Task
 from harness.tasks.rewards import RewardFn
 
@@ -186,7 +186,8 @@ def generate_responses(
     do_sample: bool,
     temperature: float,
 ) -> list[str]:
-    """Decoded responses (cut at EOS), batched with left padding and the KV cache."""
+    """Responses as verifiers see them (`response_text`, exactly as in rollouts), batched with
+    left padding and the KV cache. `prompts` hold rendered text (`make_rendered_task`)."""
     encoded = [encode_prompt(tokenizer, p.text) for p in prompts]
     width = max(len(ids) for ids in encoded)
     input_ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -205,12 +206,7 @@ def generate_responses(
         eos_token_id=tokenizer.eos_token_id,
         **sampling,
     )  # (B, width + <= max_new_tokens)
-    texts = []
-    for row in output[:, width:].tolist():
-        if tokenizer.eos_token_id in row:
-            row = row[: row.index(tokenizer.eos_token_id)]
-        texts.append(tokenizer.decode(row, skip_special_tokens=True))
-    return texts
+    return [response_text(tokenizer, row) for row in output[:, width:].tolist()]
 
 
 def score(

@@ -1,23 +1,30 @@
-"""What every task is: a prompt (`Prompt`) and a prompt source (`Task`), plus the stream keys.
+"""What every task and verifier is: a prompt (`Prompt`), a prompt source (`Task`), a reward
+function (`RewardFn`), plus the stream keys.
 
-Kept apart from the task implementations so that procedural tasks, file tasks and the task
-factory can all import it without importing each other.
+Kept apart from the implementations so that procedural tasks, file tasks, verifiers and the
+factories can all import it without importing each other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 # First element of the RNG key, so the train and eval streams can never share a generator state.
 TRAIN_STREAM = 0
 EVAL_STREAM = 1
+
+Message = tuple[str, str]  # (role, content) of one chat turn
+RewardInfo = dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Prompt:
     """One problem. `index` is its position in the stream it came from (train or eval).
 
+    `text` is what the model is given: the raw prompt text as a task produces it, or the rendered
+    text (chat template applied) once `harness.tasks.rendering` has rendered it. `messages` holds
+    the chat a `file` task read (None for plain-text prompts), so rendering can apply a template.
     `ground_truth` is what the verifier compares against; for built-in tasks it is also the exact
     expected response (followed by EOS), which the warm start trains on.
     """
@@ -25,6 +32,7 @@ class Prompt:
     index: int
     text: str
     ground_truth: str
+    messages: tuple[Message, ...] | None = None
 
 
 class Task(Protocol):
@@ -39,3 +47,15 @@ class Task(Protocol):
     def eval_prompts(self, n: int) -> list[Prompt]:
         """The first `n` held-out prompts (the same list for every seed)."""
         ...
+
+
+class RewardFn(Protocol):
+    """Scores one response against its ground truth: `(reward, info)`.
+
+    `response` is the decoded response with special tokens (EOS, pad) removed
+    (`harness.models.tokenizer.response_text`), the same text in rollouts and in evals; `reward` is
+    a finite float and `info` a JSON-serialisable dict that the rollout record stores as
+    `reward_info` (design section 4).
+    """
+
+    def __call__(self, response: str, ground_truth: str) -> tuple[float, RewardInfo]: ...

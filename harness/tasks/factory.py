@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from transformers import PreTrainedTokenizerBase
+
 from harness.config import TaskConfig
 from harness.tasks.base import Task
 from harness.tasks.file_task import FileTask
@@ -14,6 +16,7 @@ from harness.tasks.procedural import (
     sort_word,
     string_sampler,
 )
+from harness.tasks.rendering import RenderedTask, renderer_for
 
 
 def _file_task(config: TaskConfig) -> Task:
@@ -34,5 +37,17 @@ TASK_BUILDERS: dict[str, Callable[[TaskConfig], Task]] = {
 
 
 def make_task(config: TaskConfig) -> Task:
-    """Build the task named by `task.name` (see TASK_BUILDERS for what `digits` means)."""
+    """Build the task named by `task.name` (see TASK_BUILDERS for what `digits` means).
+
+    Its prompts are raw text; whatever feeds a model uses `make_rendered_task` instead.
+    """
     return TASK_BUILDERS[config.name](config)
+
+
+def make_rendered_task(config: TaskConfig, tokenizer: PreTrainedTokenizerBase) -> Task:
+    """The task with prompts rendered for `tokenizer` under `task.prompt_format`.
+
+    The one constructor for every component that stores, encodes or scores prompts (trial
+    prompt set, generators, warm start, eval), so all of them see the same text.
+    """
+    return RenderedTask(make_task(config), renderer_for(config, tokenizer))

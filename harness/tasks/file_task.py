@@ -2,8 +2,9 @@
 
 Columns read:
 - `prompt`: a string, or a chat as a list of `{"role", "content"}` messages (verl's data files).
-  A chat becomes the contents of its messages joined by newlines; no chat template is applied,
-  because the harness tokenizes prompt text as-is (`tokenizer.encode_prompt`).
+  A chat is kept as its messages (`Prompt.messages`), which `harness.tasks.rendering` renders
+  through the tokenizer's chat template; its raw text, the contents joined by newlines, is the
+  prompt's identity here (split overlap check) and its rendering under `task.prompt_format=raw`.
 - `ground_truth`, or else verl's `reward_model` struct with a `ground_truth` key. Non-string
   values (numbers, lists) are converted to text: str() for numbers, JSON for anything else.
 - `split` (optional): `train` rows form the training stream, `eval`/`test`/`validation` rows the
@@ -26,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.tasks.base import TRAIN_STREAM, Prompt
+from harness.tasks.base import TRAIN_STREAM, Message, Prompt
 
 TRAIN_SPLIT = "train"
 EVAL_SPLITS = frozenset({"eval", "test", "validation"})
@@ -41,6 +42,7 @@ class Row:
 
     text: str
     ground_truth: str
+    messages: tuple[Message, ...] | None = None
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -55,16 +57,22 @@ def read_table(path: Path) -> pd.DataFrame:
     raise ValueError(f"task.path {path}: unsupported suffix {suffix!r}; use .parquet or .jsonl")
 
 
-def prompt_text(value: Any, where: str) -> str:
-    """A prompt cell as text: a string as-is, a chat's message contents joined by newlines."""
+def prompt_messages(value: Any, where: str) -> tuple[Message, ...] | None:
+    """A prompt cell's chat as (role, content) pairs; None for a plain string prompt."""
     if isinstance(value, str):
-        return value
+        return None
     if isinstance(value, list | tuple | np.ndarray):
         try:
-            return "\n".join(str(message["content"]) for message in value)
-        except (KeyError, TypeError) as exc:
+            return tuple((str(m["role"]), str(m["content"])) for m in value)
+        except (KeyError, TypeError, IndexError) as exc:
             raise ValueError(f"{where}: a chat prompt must be a list of {{role, content}}") from exc
     raise ValueError(f"{where}: prompt must be a string or a list of messages, got {type(value)}")
+
+
+def prompt_text(value: Any, where: str) -> str:
+    """A prompt cell as text: a string as-is, a chat's message contents joined by newlines."""
+    messages = prompt_messages(value, where)
+    return value if messages is None else "\n".join(content for _, content in messages)
 
 
 def truth_text(value: Any) -> str:
@@ -96,7 +104,11 @@ def read_rows(path: Path) -> tuple[list[Row], list[str] | None]:
         raise ValueError(f"task.path {path}: no `prompt` column; columns are {list(frame.columns)}")
     truths = _ground_truths(frame, path)
     rows = [
-        Row(prompt_text(value, f"{path} row {i}"), truth_text(truth))
+        Row(
+            prompt_text(value, f"{path} row {i}"),
+            truth_text(truth),
+            prompt_messages(value, f"{path} row {i}"),
+        )
         for i, (value, truth) in enumerate(zip(frame["prompt"], truths, strict=True))
     ]
     splits = [str(s) for s in frame["split"]] if "split" in frame.columns else None
@@ -157,7 +169,7 @@ class FileTask:
             raise ValueError(f"seed={seed} and index={index} must be >= 0")
         epoch, position = divmod(index, len(self._train))
         row = self._train[int(self._permutation(seed, epoch)[position])]
-        return Prompt(index=index, text=row.text, ground_truth=row.ground_truth)
+        return Prompt(index, row.text, row.ground_truth, row.messages)
 
     def eval_prompts(self, n: int) -> list[Prompt]:
         if n > len(self._eval):
@@ -165,7 +177,10 @@ class FileTask:
                 f"task file {self.source}: {n} eval prompts asked, the held-out split has "
                 f"{len(self._eval)}; lower task.eval_size or add eval rows"
             )
-        return [Prompt(i, row.text, row.ground_truth) for i, row in enumerate(self._eval[:n])]
+        return [
+            Prompt(i, row.text, row.ground_truth, row.messages)
+            for i, row in enumerate(self._eval[:n])
+        ]
 
     def _permutation(self, seed: int, epoch: int) -> np.ndarray:
         key = (seed, epoch)

@@ -1,20 +1,24 @@
-"""Verifiable rewards: exact verifiers for the built-in tasks and user functions by import path.
+"""Verifiable rewards: the named verifiers (`task.verifier`) and user functions by import path.
 
-Every reward function has the signature `(response, ground_truth) -> (reward, info)`: `response`
-is the decoded response text, `reward` a finite float, `info` a JSON-serialisable dict that the
-rollout record stores as `reward_info` (design section 4).
+Every reward function has the signature `(response, ground_truth) -> (reward, info)` (the
+`RewardFn` protocol of harness.tasks.base): `response` is the decoded response with special
+tokens removed (`harness.models.tokenizer.response_text`: EOS decides `finish_reason`, never the
+reward), `reward` a finite float, `info` a JSON-serialisable dict that the rollout record stores
+as `reward_info` (design section 4). Rollouts and evals build theirs with `make_reward_fn` from
+the same TaskConfig, so both score alike.
 
-Normalisation rule of the built-in verifiers (`normalize_response`): the response ends at the
-first EOS, pad or newline (a decoder that keeps special tokens shows `<eos>`), then surrounding
-whitespace is stripped. Then:
-- integer tasks (`addition`, `multiplication`): the answer is the integer that *starts* the
-  normalised response (`[+-]?[0-9]+`, compared as an integer, so `046` equals `46`). Anything
-  but whitespace before it gives 0 (a verifier that searched for the first number anywhere would
-  reward `12+34=46` echoes and guessing lists). Text after the integer's last digit is ignored and
-  reported as `trailing`: the digits run ends the answer, and EOS is taught by the warm start and
-  visible in `finish_reason`, so the reward does not double-count it.
-- string tasks (`reverse`, `sort`, `file`): the normalised response must equal the stripped
-  ground truth exactly; any junk gives 0.
+Verifiers (`VERIFIERS`; `auto` picks `integer` for addition and multiplication, else `exact`).
+The first two read the normalised response (`normalize_response`): its first line, surrounding
+whitespace stripped.
+- `integer`: the answer is the integer that *starts* the normalised response (`[+-]?[0-9]+`,
+  compared as an integer, so `046` equals `46`). Anything but whitespace before it gives 0 (a
+  verifier that searched for the first number anywhere would reward `12+34=46` echoes and
+  guessing lists). Text after the integer's last digit is ignored and reported as `trailing`:
+  EOS is taught by the warm start and visible in `finish_reason`, so the reward does not
+  double-count it.
+- `exact`: the normalised response must equal the stripped ground truth exactly.
+- `gsm8k`: the `#### N` answer or the last number (harness.tasks.gsm8k).
+- `math`: the last `\\boxed{...}`, equivalence by math-verify (harness.tasks.math_answer).
 Rewards are 0 or 1.
 """
 
@@ -24,20 +28,14 @@ import importlib
 import math
 import re
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from harness.config import TaskConfig
-from harness.models.tokenizer import EOS_TOKEN, PAD_TOKEN
+from harness.config import TaskConfig, VerifierName
+from harness.tasks.base import RewardFn, RewardInfo
+from harness.tasks.gsm8k import Gsm8kVerifier
+from harness.tasks.math_answer import MathVerifier
 
-RewardInfo = dict[str, Any]
-STOP_MARKERS: tuple[str, ...] = (EOS_TOKEN, PAD_TOKEN, "\n")
 _LEADING_INTEGER = re.compile(r"[+-]?[0-9]+")
-
-
-class RewardFn(Protocol):
-    """Scores one response against its ground truth."""
-
-    def __call__(self, response: str, ground_truth: str) -> tuple[float, RewardInfo]: ...
 
 
 class RewardFnError(ValueError):
@@ -45,13 +43,8 @@ class RewardFnError(ValueError):
 
 
 def normalize_response(response: str) -> str:
-    """Cut at the first stop marker (EOS, pad, newline), then strip surrounding whitespace."""
-    cut = len(response)
-    for marker in STOP_MARKERS:
-        position = response.find(marker)
-        if position != -1:
-            cut = min(cut, position)
-    return response[:cut].strip()
+    """The first line of the response, surrounding whitespace stripped."""
+    return response.split("\n", 1)[0].strip()
 
 
 def integer_match(response: str, ground_truth: str) -> tuple[float, RewardInfo]:
@@ -78,14 +71,26 @@ def exact_match(response: str, ground_truth: str) -> tuple[float, RewardInfo]:
     return float(correct), {"correct": correct, "reason": "match" if correct else "mismatch"}
 
 
-# task.name -> built-in verifier.
-VERIFIERS: dict[str, RewardFn] = {
-    "addition": integer_match,
-    "multiplication": integer_match,
-    "reverse": exact_match,
-    "sort": exact_match,
-    "file": exact_match,
+# task.verifier -> builder of the verifier from the task config.
+VERIFIERS: dict[VerifierName, Callable[[TaskConfig], RewardFn]] = {
+    "exact": lambda c: exact_match,
+    "integer": lambda c: integer_match,
+    "gsm8k": lambda c: Gsm8kVerifier(c.gsm8k_mode),
+    "math": lambda c: MathVerifier(c.math_timeout_s),
 }
+# task.name -> the verifier `auto` resolves to (today's built-in exact verifiers).
+AUTO_VERIFIERS: dict[str, VerifierName] = {
+    "addition": "integer",
+    "multiplication": "integer",
+    "reverse": "exact",
+    "sort": "exact",
+    "file": "exact",
+}
+
+
+def verifier_name(config: TaskConfig) -> VerifierName:
+    """The verifier `task.verifier` names, `auto` resolved by task name."""
+    return AUTO_VERIFIERS[config.name] if config.verifier == "auto" else config.verifier
 
 
 def _resolve(path: str) -> Any:
@@ -109,8 +114,8 @@ def _resolve(path: str) -> Any:
 class ImportedReward:
     """A user reward function, checked on every call: result must be finite.
 
-    It gets the raw decoded response (no normalisation) and may return a number or a
-    `(number, info dict)` pair; the path is added to info as `reward_fn`.
+    It gets the decoded response with special tokens removed and no other normalisation, and may
+    return a number or a `(number, info dict)` pair; the path is added to info as `reward_fn`.
     """
 
     def __init__(self, fn: Callable[..., Any], path: str) -> None:
@@ -144,7 +149,7 @@ def load_reward_fn(path: str) -> RewardFn:
 
 
 def make_reward_fn(config: TaskConfig) -> RewardFn:
-    """`task.reward_fn` if set, else the task's built-in exact verifier."""
+    """`task.reward_fn` if set, else the verifier `task.verifier` names (`auto`: by task)."""
     if config.reward_fn is not None:
         return load_reward_fn(config.reward_fn)
-    return VERIFIERS[config.name]
+    return VERIFIERS[verifier_name(config)](config)

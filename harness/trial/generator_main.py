@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import redis
 
 from buffer.schema import RolloutGroup, make_group_id
 from buffer.streams import (
@@ -31,8 +32,9 @@ from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.generators import GenRequest, make_generator, sample_seed
 from harness.models.factory import build_model_dir
-from harness.models.tokenizer import encode_prompt, load_tokenizer
-from harness.tasks.factory import make_task
+from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
+from harness.signals import SignalLatch, install
+from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
 
 IDLE_POLL_S = 0.5
@@ -68,7 +70,7 @@ class GroupMaker:
         self.run_id, self.generator_id = run_id, generator_id
         self.model_dir = build_model_dir(cfg.model, cfg.task)
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.task = make_task(cfg.task)
+        self.task = make_rendered_task(cfg.task, self.tokenizer)  # the same text as eval's
         self.reward_fn = make_reward_fn(cfg.task)
         self.generator = make_generator(cfg.generation, self.model_dir, spec.seed)
 
@@ -92,9 +94,8 @@ class GroupMaker:
         for ticket, prompt, request, result in zip(
             tickets, prompts, requests, results, strict=True
         ):
-            texts = [
-                self.tokenizer.decode(ids, skip_special_tokens=False) for ids in result.response_ids
-            ]
+            # Special tokens (EOS) removed, as in eval: EOS sets finish_reason, not the reward.
+            texts = [response_text(self.tokenizer, ids) for ids in result.response_ids]
             scored = [self.reward_fn(text, prompt.ground_truth) for text in texts]
             stats.tokens += sum(len(ids) for ids in result.response_ids)
             groups.append(
@@ -151,16 +152,34 @@ def run_generator_component(
     steps: int | None,
 ) -> GeneratorStats:
     """Generate until every ticket of the trial is done or a stop is requested."""
-    stop = {"flag": False}
-
-    def _on_signal(signum, frame):
-        stop["flag"] = True
-
-    signal.signal(signal.SIGTERM, _on_signal)
-    signal.signal(signal.SIGINT, _on_signal)
-
+    stop = SignalLatch()
+    install(stop.set)  # for the rest of the process: a signal ends the loop between pushes
     maker = GroupMaker(cfg, spec, run_id, generator_id)
-    client = connect(redis_url, cfg.buffer.tls_ca_file)
+    with connect(redis_url, cfg.buffer.tls_ca_file) as client:
+        return _generate(
+            cfg,
+            spec,
+            client,
+            maker=maker,
+            stop=stop,
+            run_id=run_id,
+            generator_id=generator_id,
+            steps=steps,
+        )
+
+
+def _generate(
+    cfg: ExperimentConfig,
+    spec: TrialSpec,
+    client: redis.Redis,
+    *,
+    maker: GroupMaker,
+    stop: SignalLatch,
+    run_id: str,
+    generator_id: str,
+    steps: int | None,
+) -> GeneratorStats:
+    """The loop of `run_generator_component`; the caller owns (and closes) `client`."""
     buffer = RolloutBuffer(client, run_id, cfg.buffer)
     tickets = TicketDispenser(client, run_id)
     versions = VersionRegistry(client, run_id)
@@ -172,7 +191,7 @@ def run_generator_component(
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
 
-    while not (stop["flag"] or buffer.stop_requested()):
+    while not (stop.caught or buffer.stop_requested()):
         current = versions.current()
         if current is None:  # the learner has not published v0 yet: nothing is admissible
             idle_from = time.monotonic()

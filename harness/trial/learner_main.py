@@ -7,6 +7,7 @@ buffer, version registry and weight store.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,14 @@ from torch import nn
 
 from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
 from buffer.weight_store import WeightStore
-from contract.trial import TrialPaths, TrialSpec, write_json_atomic
+from contract.layout import TrialPaths
+from contract.record import write_json_atomic
+from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.models.factory import build_model_dir
 from harness.models.tokenizer import load_tokenizer
 from harness.models.warm_start import greedy_pass_rate
-from harness.tasks.factory import make_task
+from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
@@ -28,10 +31,10 @@ from learner.loop import LearnerOutcome, LearnerTask, run_learner
 
 def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
     """Greedy pass rate on the fixed held-out split (the same prompts for every arm and seed)."""
-    task = make_task(cfg.task)
     tokenizer = load_tokenizer(model_dir)
+    task = make_rendered_task(cfg.task, tokenizer)  # rendered and scored as the rollouts are
     reward_fn = make_reward_fn(cfg.task)
-    prompts = task.eval_prompts(cfg.learner.eval_size)
+    prompts = task.eval_prompts(cfg.task.eval_size)
 
     def evaluate(model: nn.Module) -> float:
         was_training = model.training
@@ -70,6 +73,7 @@ def learner_task(
         model_dir=build_model_dir(cfg.model, cfg.task),
         trial_dir=paths.root,
         steps=steps,
+        sampling=cfg.generation.sampling(),  # the learner scores under the generators' sampling
     )
 
 
@@ -88,10 +92,11 @@ def run_learner_component(
     Under `torchrun` every rank runs this; only rank 0 uses the Redis client and writes files.
     """
     dist = init_distributed(cfg.learner.device)
-    try:
+    with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
+        owned.callback(shutdown, dist)
         task = learner_task(cfg, spec, paths, steps)
         if dist.is_main:
-            client = connect(redis_url, cfg.buffer.tls_ca_file)
+            client = owned.enter_context(connect(redis_url, cfg.buffer.tls_ca_file))
             buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
             versions, weights = VersionRegistry(client, run_id), WeightStore(paths.weights)
             evaluate = make_evaluator(cfg, task.model_dir)
@@ -107,8 +112,6 @@ def run_learner_component(
             resume=resume,
             dist=dist,
         )
-    finally:
-        shutdown(dist)
     if not dist.is_main:
         return outcome
     write_json_atomic(

@@ -10,7 +10,6 @@ tears every child down before returning.
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,11 +19,20 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from contract.trial import TrialPaths, TrialSpec, read_json, write_json_atomic
+from contract.layout import TrialPaths
+from contract.record import (
+    TrialRecord,
+    TrialRecordError,
+    read_json,
+    read_trial_record,
+    write_trial_record,
+)
+from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
-from harness.models.factory import build_model_dir, weights_digest
+from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
 from harness.provenance import file_digest, provenance
-from harness.tasks.factory import make_task
+from harness.signals import SignalLatch, forward_signals
+from harness.tasks.factory import make_rendered_task
 from harness.trial.processes import Child, python_module_args
 
 MAX_GENERATOR_RESTARTS = 3
@@ -37,7 +45,7 @@ class TrialFailedError(RuntimeError):
 
 @dataclass
 class TrialOutcome:
-    status: str  # completed | diverged | failed
+    status: TrialStatus  # completed | diverged | failed
     steps_completed: int
     reason: str | None = None
 
@@ -47,12 +55,18 @@ def run_id_for(cfg: ExperimentConfig, spec: TrialSpec) -> str:
     return f"{cfg.name}.{cfg.config_hash()}.{spec.name}"
 
 
-def prompt_table(cfg: ExperimentConfig, spec: TrialSpec, steps: int) -> pd.DataFrame:
-    """The exact prompts the trial trains and evaluates on; equal tables prove matched arms."""
-    task = make_task(cfg.task)
+def prompt_table(
+    cfg: ExperimentConfig, spec: TrialSpec, steps: int, model_dir: Path
+) -> pd.DataFrame:
+    """The exact prompts the trial trains and evaluates on; equal tables prove matched arms.
+
+    `prompt` is the rendered text (chat template applied, `task.prompt_format`) that the model
+    is given, so the prompt-set digest changes when the rendering does.
+    """
+    task = make_rendered_task(cfg.task, load_tokenizer(model_dir))
     n_train = steps * cfg.learner.prompts_per_step
     train = [task.train_prompt(spec.seed, i) for i in range(n_train)]
-    evals = task.eval_prompts(cfg.learner.eval_size)
+    evals = task.eval_prompts(cfg.task.eval_size)
     rows = [("train", p.index, p.text, p.ground_truth) for p in train]
     rows += [("eval", p.index, p.text, p.ground_truth) for p in evals]
     return pd.DataFrame(rows, columns=["split", "index", "prompt", "ground_truth"])
@@ -60,47 +74,57 @@ def prompt_table(cfg: ExperimentConfig, spec: TrialSpec, steps: int) -> pd.DataF
 
 def prepare_trial(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int, resume: bool
-) -> dict:
-    """Write resolved config, prompt set and metadata; returns the metadata dict."""
+) -> TrialRecord:
+    """Write resolved config, prompt set and the trial record; returns the record."""
     paths.root.mkdir(parents=True, exist_ok=True)
-    previous = read_json(paths.metadata)
-    if previous and previous.get("status") in ("completed", "diverged") and not resume:
+    previous = _previous_record(paths)
+    if previous and previous.status in TERMINAL_STATUSES and not resume:
         raise TrialFailedError(
-            f"trial {spec.name} already finished ({previous['status']}) in {paths.root}"
+            f"trial {spec.name} already finished ({previous.status.value}) in {paths.root}"
         )
     if not resume:
-        for stale in ("checkpoints", "metrics.parquet", "weights", "redis"):
-            _remove_tree(paths.root / stale)
+        for stale in (paths.checkpoints, paths.metrics, paths.weights, paths.redis_dir):
+            _remove_tree(stale)
         paths.learner_outcome.unlink(missing_ok=True)
     paths.resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-    prompt_table(cfg, spec, steps).to_parquet(paths.prompts, index=False)
     model_dir = build_model_dir(cfg.model, cfg.task)
+    prompt_table(cfg, spec, steps, model_dir).to_parquet(paths.prompts, index=False)
     arm = cfg.arm(spec.arm)
-    metadata = {
-        "experiment": cfg.name,
-        "trial_name": spec.name,
-        "arm": spec.arm,
-        "objective": arm.objective,
-        "seed": spec.seed,
-        "lag": spec.lag,
-        "mode": spec.mode,
-        "status": "running",
-        "diverged": False,
-        "diverged_reason": None,
-        "failure_reason": None,
-        "steps_planned": steps,
-        "steps_completed": 0,
-        "config_hash": cfg.config_hash(),
-        "initial_weights_digest": weights_digest(model_dir),
-        "prompt_set_digest": file_digest(paths.prompts),
-        "model_dir": str(model_dir),
-        "started_at": (previous or {}).get("started_at") or datetime.now(UTC).isoformat(),
-        "finished_at": None,
-        "resumed": resume,
-        "provenance": provenance(),
-    }
-    write_json_atomic(paths.metadata, metadata)
-    return metadata
+    record = TrialRecord(
+        experiment=cfg.name,
+        trial_name=spec.name,
+        arm=spec.arm,
+        objective=arm.objective,
+        seed=spec.seed,
+        lag=spec.lag,
+        mode=spec.mode,
+        status=TrialStatus.RUNNING,
+        diverged=False,
+        diverged_reason=None,
+        failure_reason=None,
+        steps_planned=steps,
+        steps_completed=0,
+        config_hash=cfg.config_hash(),
+        initial_weights_digest=weights_digest(model_dir),
+        prompt_set_digest=file_digest(paths.prompts),
+        model_dir=str(model_dir),
+        started_at=(previous and previous.started_at) or datetime.now(UTC).isoformat(),
+        finished_at=None,
+        resumed=resume,
+        provenance=provenance(),
+    )
+    write_trial_record(paths.root, record)
+    return record
+
+
+def _previous_record(paths: TrialPaths) -> TrialRecord | None:
+    """The record an earlier attempt left, if valid. An invalid one (hand-edited, truncated) is
+    replaced: `harness run` resumes such trials, and the checkpoints tell where to go on."""
+    try:
+        return read_trial_record(paths.root)
+    except TrialRecordError as exc:
+        print(f"warning: {exc}; writing a new record", flush=True)
+        return None
 
 
 def _remove_tree(path: Path) -> None:
@@ -149,31 +173,23 @@ def run_trial(
     """Run a trial to its end; the returned status is also written to trial.json."""
     paths = TrialPaths(Path(out_dir))
     steps = steps or cfg.learner.steps
-    metadata = prepare_trial(cfg, spec, paths, steps, resume)
+    record = prepare_trial(cfg, spec, paths, steps, resume)
     run_id = run_id_for(cfg, spec)
-    interrupted = {"signal": None}
-
-    def _on_signal(signum, frame):
-        interrupted["signal"] = signum
-
-    old_handlers = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        with redis_for_trial(cfg, paths) as redis_url:
-            _reset_run(redis_url, cfg, run_id, fresh=not resume)
-            launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume)
-            outcome = _supervise(launch, interrupted)
-    finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-    metadata.update(
-        status=outcome.status,
-        steps_completed=outcome.steps_completed,
-        diverged=outcome.status == "diverged",
-        diverged_reason=outcome.reason if outcome.status == "diverged" else None,
-        failure_reason=outcome.reason if outcome.status == "failed" else None,
-        finished_at=datetime.now(UTC).isoformat(),
-    )
-    write_json_atomic(paths.metadata, metadata)
+    interrupted = SignalLatch()
+    with forward_signals(interrupted.set), redis_for_trial(cfg, paths) as redis_url:
+        _reset_run(redis_url, cfg, run_id, fresh=not resume)
+        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume)
+        outcome = _supervise(launch, interrupted)
+    diverged, failed = outcome.status == TrialStatus.DIVERGED, outcome.status == TrialStatus.FAILED
+    finished = {
+        "status": outcome.status,
+        "steps_completed": outcome.steps_completed,
+        "diverged": diverged,
+        "diverged_reason": outcome.reason if diverged else None,
+        "failure_reason": outcome.reason if failed else None,
+        "finished_at": datetime.now(UTC).isoformat(),
+    }
+    write_trial_record(paths.root, record.model_copy(update=finished))
     return outcome
 
 
@@ -182,14 +198,11 @@ def _reset_run(redis_url: str, cfg: ExperimentConfig, run_id: str, fresh: bool) 
     tickets leased by the generators that died with the previous attempt."""
     from buffer.streams import RolloutBuffer, TicketDispenser, connect
 
-    client = connect(redis_url, cfg.buffer.tls_ca_file)
-    try:
+    with connect(redis_url, cfg.buffer.tls_ca_file) as client:
         if fresh:
             RolloutBuffer(client, run_id, cfg.buffer).delete_run()
         else:
             TicketDispenser(client, run_id).expire_all_leases()
-    finally:
-        client.close()
 
 
 @dataclass(frozen=True)
@@ -205,19 +218,19 @@ class Launch:
     resume: bool
 
 
-def _supervise(launch: Launch, interrupted: dict) -> TrialOutcome:
+def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     cfg, spec, paths, steps = launch.cfg, launch.spec, launch.paths, launch.steps
     redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
     config_path = paths.resolved_config
     env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id}
     learner_args = component_args("learner", config_path, spec, paths, steps)
     learner = Child("learner", learner_args + (["--resume"] if resume else []),
-                    paths.logs / "learner.log", env)  # fmt: skip
+                    paths.component_log("learner"), env)  # fmt: skip
     generators = [
         Child(
             f"generator-{i}",
             [*component_args("generator", config_path, spec, paths, steps), "--id", f"gen-{i}"],
-            paths.logs / f"generator-{i}.log",
+            paths.component_log(f"generator-{i}"),
             env,
         )
         for i in range(cfg.generation.num_generators)
@@ -233,10 +246,13 @@ def _supervise(launch: Launch, interrupted: dict) -> TrialOutcome:
             child.stop()
 
 
-def _watch(learner: Child, generators: list[Child], paths: TrialPaths, interrupted) -> TrialOutcome:
+def _watch(
+    learner: Child, generators: list[Child], paths: TrialPaths, interrupted: SignalLatch
+) -> TrialOutcome:
     while True:
-        if interrupted["signal"] is not None:
-            return TrialOutcome("failed", _steps_done(paths), "interrupted; resume with --resume")
+        if interrupted.caught:
+            reason = "interrupted; resume with --resume"
+            return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
         code = learner.poll()
         if code is not None:
             return _learner_finished(code, learner, paths)
@@ -246,7 +262,7 @@ def _watch(learner: Child, generators: list[Child], paths: TrialPaths, interrupt
                 continue
             if gen.restarts >= MAX_GENERATOR_RESTARTS:
                 return TrialOutcome(
-                    "failed",
+                    TrialStatus.FAILED,
                     _steps_done(paths),
                     f"{gen.name} crashed {gen.restarts + 1} times; last log lines:\n{gen.tail()}",
                 )
@@ -259,10 +275,10 @@ def _learner_finished(code: int, learner: Child, paths: TrialPaths) -> TrialOutc
     outcome = read_json(paths.learner_outcome)
     if code == 0 and outcome is not None:
         return TrialOutcome(
-            outcome["status"], outcome["steps_completed"], outcome["diverged_reason"]
+            TrialStatus(outcome["status"]), outcome["steps_completed"], outcome["diverged_reason"]
         )
     return TrialOutcome(
-        "failed",
+        TrialStatus.FAILED,
         _steps_done(paths),
         f"learner exited with code {code}; resume with --resume. Last log lines:\n{learner.tail()}",
     )
@@ -278,10 +294,8 @@ def _steps_done(paths: TrialPaths) -> int:
 def _stop_generators(redis_url: str, cfg: ExperimentConfig, run_id: str) -> None:
     from buffer.streams import RolloutBuffer, connect
 
-    with contextlib.suppress(Exception):
-        client = connect(redis_url, cfg.buffer.tls_ca_file)
+    with contextlib.suppress(Exception), connect(redis_url, cfg.buffer.tls_ca_file) as client:
         RolloutBuffer(client, run_id, cfg.buffer).request_stop()
-        client.close()
 
 
 __all__ = ["TrialFailedError", "TrialOutcome", "run_trial"]

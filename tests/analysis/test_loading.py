@@ -140,3 +140,16 @@ def test_trial_without_evals_is_listed(tmp_path: Path) -> None:
     )
     problems = load_experiment(tmp_path).problems
     assert f"no {mn.EVAL_PASS_RATE} values: not scored" in problems["problem"].tolist()
+
+
+def test_invalid_record_is_a_problem_naming_file_and_field(tmp_path: Path) -> None:
+    _trial(tmp_path, "good")
+    bad = _trial(tmp_path, "no-mode")
+    info = json.loads((bad / "trial.json").read_text())
+    del info["mode"]
+    (bad / "trial.json").write_text(json.dumps(info))
+    experiment = load_experiment(tmp_path)  # collects, never raises
+    assert experiment.trials["trial_name"].tolist() == ["good"]
+    row = experiment.problems.set_index("trial_name").loc["no-mode"]
+    assert row["status"] == "unreadable"
+    assert str(bad / "trial.json") in row["problem"] and "mode: Field required" in row["problem"]

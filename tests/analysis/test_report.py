@@ -47,7 +47,8 @@ def experiment_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "trials" / "lost-trial").mkdir()  # a trial dir whose trial.json never got written
     running = root / "trials" / "gspo-s9-lag0"
     running.mkdir()
-    info = {"experiment": "synthetic", "arm": "gspo", "seed": 9, "lag": 0, "status": "running"}
+    info = {"experiment": "synthetic", "arm": "gspo", "seed": 9, "lag": 0, "mode": "fixed"}
+    info["status"] = "running"
     (running / "trial.json").write_text(json.dumps(info))
     return root
 
@@ -62,7 +63,11 @@ def _reference_final_scores(root: Path, arm: str, lag: int, k: int = 3) -> np.nd
     out = []
     for seed in SPEC.seeds:
         trial = root / "trials" / f"{arm}-s{seed}-lag{lag}"
-        if json.loads((trial / "trial.json").read_text())["status"] == "failed":
+        status = json.loads((trial / "trial.json").read_text())["status"]
+        if status == "failed":
+            continue
+        if status == "diverged":  # its final policy is the diverged one: pass rate 0
+            out.append(0.0)
             continue
         table = ds.dataset(trial / "metrics.parquet", format="parquet").to_table().to_pandas()
         evals = table.sort_values(mn.STEP)[mn.EVAL_PASS_RATE].dropna().to_numpy()

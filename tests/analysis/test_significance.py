@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 
 import numpy as np
@@ -13,7 +14,9 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from analysis.significance import (
+    MW_EXACT_MAX_WORK,
     cliffs_delta,
+    exact_mann_whitney,
     fisher,
     hedges_g,
     holm,
@@ -21,6 +24,7 @@ from analysis.significance import (
     min_p_fisher,
     min_p_mann_whitney,
     min_p_wilcoxon,
+    rank_sum_counts,
     welch,
     wilcoxon_paired,
 )
@@ -70,6 +74,96 @@ def test_mann_whitney_three_vs_three_cannot_reach_significance() -> None:
     assert result.p_value == pytest.approx(0.1)
     assert result.min_attainable_p == pytest.approx(0.1)
     assert "cannot reach significance" in result.note
+
+
+def test_mann_whitney_all_ties_is_exact_hand_worked() -> None:
+    # Pooled 0.5 x 3, 0.6 x 3: x takes k of the three 0.6s in C(3, k) C(3, 3 - k) = 1, 9, 9, 1
+    # of the C(6, 3) = 20 splits, U = 3k. Observed k = 0 (U = 0): P(U <= 0) = 1/20, two-sided
+    # p = 2/20 = 0.1 = the 3 vs 3 floor (scipy's default tie-corrected normal gives 0.047).
+    result = mann_whitney(np.array([0.5] * 3), np.array([0.6] * 3))
+    assert result.p_value == pytest.approx(0.1, abs=1e-12)
+    assert result.min_attainable_p == pytest.approx(0.1, abs=1e-12)
+    assert "with ties" in result.note and "cannot reach significance" in result.note
+
+
+def test_mann_whitney_partial_ties_hand_worked() -> None:
+    """x = (0.4, 0.5, 0.5), y = (0.5, 0.6, 0.7): midranks 0.4 -> 1, 0.5 -> 3, 0.6 -> 5, 0.7 -> 6.
+
+    The 20 splits, by x's members (count, rank sum R, U = R - 6):
+      0.4 + two 0.5s (3, 7, 1); 0.4 + 0.5 + 0.6 (3, 9, 3); 0.4 + 0.5 + 0.7 (3, 10, 4);
+      0.4 + 0.6 + 0.7 (1, 12, 6); three 0.5s (1, 9, 3); two 0.5s + 0.6 (3, 11, 5);
+      two 0.5s + 0.7 (3, 12, 6); 0.5 + 0.6 + 0.7 (3, 14, 8).
+    Observed U = 1 (0.4 loses to all of y; each 0.5 ties y's 0.5 once: 2 x 0.5): P(U <= 1) = 3/20,
+    p = 2 x 3/20 = 0.3. The extremes U = 1 and U = 8 both have 3/20, so the floor is also 0.3.
+    """
+    result = mann_whitney(np.array([0.4, 0.5, 0.5]), np.array([0.5, 0.6, 0.7]))
+    assert result.p_value == pytest.approx(0.3, abs=1e-12)
+    assert result.min_attainable_p == pytest.approx(0.3, abs=1e-12)
+    counts = rank_sum_counts(np.array([2, 6, 6, 6, 10, 12]), 3)  # doubled midranks
+    assert {int(s): int(c) for s, c in enumerate(counts) if c} == {
+        14: 3,
+        18: 4,
+        20: 3,
+        22: 3,
+        24: 4,
+        28: 3,  # doubled R = 7, 9, 10, 11, 12, 14
+    }
+
+
+def _brute_force_p(x: list[float], y: list[float]) -> float:
+    """Two-sided permutation p over every split of the pooled scores, U counted pair by pair."""
+    pooled, n = np.array(x + y, dtype=float), len(x)
+
+    def u_stat(idx: tuple[int, ...]) -> float:
+        inside = np.zeros(len(pooled), dtype=bool)
+        inside[list(idx)] = True
+        a, b = pooled[inside], pooled[~inside]
+        return float((a[:, None] > b).sum() + 0.5 * (a[:, None] == b).sum())
+
+    null = np.array([u_stat(idx) for idx in itertools.combinations(range(len(pooled)), n)])
+    u_obs = u_stat(tuple(range(n)))
+    return min(1.0, 2 * min(np.mean(null <= u_obs + 1e-9), np.mean(null >= u_obs - 1e-9)))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.integers(0, 4), min_size=1, max_size=6),
+    st.lists(st.integers(0, 4), min_size=1, max_size=6),
+)
+def test_exact_mann_whitney_matches_enumeration_of_splits(x: list[int], y: list[int]) -> None:
+    # Pass rates k/4 tie often; the recurrence must equal a loop over all C(n + m, n) splits.
+    xs, ys = [v / 4 for v in x], [v / 4 for v in y]
+    p, _ = exact_mann_whitney(np.array(xs), np.array(ys))
+    assert p == pytest.approx(_brute_force_p(xs, ys), abs=1e-12)
+
+
+def test_mann_whitney_matches_scipy_permutation_and_exact() -> None:
+    rng = np.random.default_rng(3)
+    x, y = rng.integers(0, 5, 7) / 4, rng.integers(1, 6, 6) / 4  # tied pass rates
+    exhaustive = stats.PermutationMethod(n_resamples=np.inf)
+    reference = stats.mannwhitneyu(x, y, method=exhaustive).pvalue
+    assert mann_whitney(x, y).p_value == pytest.approx(reference, abs=1e-12)
+    x, y = rng.normal(size=6), rng.normal(size=8)  # no ties: scipy's exact distribution
+    assert mann_whitney(x, y).p_value == pytest.approx(
+        stats.mannwhitneyu(x, y, method="exact").pvalue, abs=1e-12
+    )
+
+
+def test_mann_whitney_identical_scores_and_large_samples() -> None:
+    same = mann_whitney(np.full(4, 0.5), np.full(3, 0.5))
+    assert same.p_value == 1.0 and same.min_attainable_p == 1.0  # every split is the same
+    x, y = np.arange(60.0), np.arange(60.0) + 30  # past the work bound: normal approximation
+    assert MW_EXACT_MAX_WORK < 61 * 120 * 121 * 120
+    expected = stats.mannwhitneyu(x, y, method="asymptotic").pvalue
+    assert mann_whitney(x, y).p_value == pytest.approx(expected, rel=1e-12)
+
+
+def test_wilcoxon_ties_are_exact() -> None:
+    # d = (0.1, 0.1, 0.2, -0.1): |d| midranks 2, 2, 2, 4; T- = 2. Of the 2^4 = 16 sign
+    # patterns, T- <= 2 for T- in {0, 2, 2, 2} (no negatives or one of the three 0.1s): 4/16;
+    # two-sided p = 2 x 4/16 = 0.5.
+    result = wilcoxon_paired(np.array([0.6, 0.6, 0.7, 0.4]), np.full(4, 0.5))
+    assert result.p_value == pytest.approx(0.5, abs=1e-12)
 
 
 def test_wilcoxon_five_pairs_note() -> None:

@@ -18,6 +18,7 @@ from buffer.server import EmbeddedRedis
 from buffer.tickets import TicketDispenser, admission_limit
 from buffer.versions import VersionRegistry
 from tests.buffer.factories import RUN_ID, fast_config, make_group
+from tests.buffer.run_state import dropped_stale_count
 from tests.buffer.workers import produce_bounded
 from tests.conftest import RedisInstance
 
@@ -144,4 +145,4 @@ def test_bounded_mode_with_concurrent_producer_processes(
     assert issued <= admission_limit(steps, max_lag, prompts_per_step)
     # Every started group is accounted for: trained, dropped as stale, waiting, or unfinished.
     assert issued == len(consumed) + dropped + buffer.depth() + len(tickets.outstanding())
-    assert buffer.dropped_stale_count() == dropped
+    assert dropped_stale_count(client) == dropped

@@ -11,6 +11,7 @@ import redis
 from buffer.connection import RunKeys
 from buffer.rollout_buffer import BufferFullError, RolloutBuffer
 from buffer.schema import RecordError
+from buffer.telemetry import Telemetry
 from tests.buffer.factories import (
     MALFORMED,
     RUN_ID,
@@ -18,6 +19,7 @@ from tests.buffer.factories import (
     fast_config,
     make_group,
 )
+from tests.buffer.run_state import dead_letter_count, dropped_stale_count, is_trained, mark_trained
 
 KEYS = RunKeys(RUN_ID)
 
@@ -37,7 +39,7 @@ def test_push_take_commit_round_trip(buffer: RolloutBuffer, client: redis.Redis)
     assert buffer.depth() == 1  # read but unacked still counts
     buffer.commit([delivery])
     assert buffer.depth() == 0
-    assert buffer.is_trained(group.group_id)
+    assert is_trained(client, group.group_id)
     fields = client.xinfo_groups(KEYS.stream)[0]
     assert fields["pending"] == 0
 
@@ -126,14 +128,14 @@ def test_stash_survives_a_consumer_restart(client: redis.Redis) -> None:
     assert _ids(got) == ["s0-b1-p2", "s0-b1-p3"]  # from its own pending list, not XAUTOCLAIM
 
 
-def test_bounded_mode_drops_stale_groups(buffer: RolloutBuffer) -> None:
+def test_bounded_mode_drops_stale_groups(buffer: RolloutBuffer, client: redis.Redis) -> None:
     for i, version in enumerate((0, 3, 1, 2, 3)):
         buffer.push(make_group(i, policy_version=version), batch_index=0)
     result = buffer.take(3, learner_version=3, max_lag=1, consumer="learner", timeout_s=2)
     # Lags in arrival order: 3, 0, 2, 1, 0 -> the lag-3 and lag-2 groups are dropped.
     assert [d.policy_version for d in result.deliveries] == [3, 2, 3]
     assert result.dropped_stale == 2
-    assert buffer.dropped_stale_count() == 2
+    assert dropped_stale_count(client) == 2
     assert buffer.depth() == 3  # dropped ones are acked and gone; taken ones pending
     buffer.commit(result.deliveries)
     assert buffer.depth() == 0
@@ -186,7 +188,7 @@ def test_malformed_message_goes_to_dead_letter(client: redis.Redis, case, payloa
     buffer.push(make_group(1), batch_index=0)
     [good] = buffer.take_batch(0, 1, consumer="learner", timeout_s=2)
     assert good.group.group_id == "s0-b0-p1"
-    assert buffer.dead_letter_count() == 1
+    assert dead_letter_count(client) == 1
     [(_, dead)] = client.xrange(KEYS.dead_letter)
     assert reason in dead[b"reason"].decode()
     assert dead[b"producer"] == b"evil-gen"
@@ -214,7 +216,7 @@ def test_bad_entry_headers_go_to_dead_letter(buffer: RolloutBuffer, client, fiel
         buffer.take(1, learner_version=0, max_lag=5, consumer="learner", timeout_s=0.2)
     [(_, dead)] = client.xrange(KEYS.dead_letter)
     assert reason in dead[b"reason"].decode()
-    assert buffer.dead_letter_count() == 1 and buffer.depth() == 0
+    assert dead_letter_count(client) == 1 and buffer.depth() == 0
 
 
 def test_duplicates_are_never_delivered_twice(buffer: RolloutBuffer, client: redis.Redis) -> None:
@@ -231,8 +233,8 @@ def test_duplicates_are_never_delivered_twice(buffer: RolloutBuffer, client: red
     assert buffer.depth() == 0
 
 
-def test_trained_ids_restored_from_a_checkpoint_are_skipped(buffer: RolloutBuffer) -> None:
-    buffer.mark_trained(["s0-b0-p0"])
+def test_groups_already_trained_are_skipped(buffer: RolloutBuffer, client: redis.Redis) -> None:
+    mark_trained(client, ["s0-b0-p0"])  # as a commit of an earlier attempt left it
     buffer.push(make_group(0), batch_index=0)
     buffer.push(make_group(1), batch_index=0)
     result = buffer.take(1, learner_version=0, max_lag=0, consumer="learner", timeout_s=2)
@@ -262,17 +264,17 @@ def test_run_control_and_telemetry_through_the_buffer(
     buffer.request_stop()
     assert buffer.stop_requested()
     buffer.report_generator_stats("gen-0", {"perf/gen_tokens_per_s": 10.0})
-    assert buffer.generator_stats()["gen-0"]["perf/gen_tokens_per_s"] == 10.0
+    assert Telemetry(client, RUN_ID).generators()["gen-0"]["perf/gen_tokens_per_s"] == 10.0
 
 
 def test_delete_run_removes_only_this_run(buffer: RolloutBuffer, client: redis.Redis) -> None:
     other = RolloutBuffer(client, "other-run", fast_config())
     other.push(make_group(0, run_id="other-run"), batch_index=0)
     buffer.push(make_group(0), batch_index=0)
-    buffer.mark_trained(["s0-b0-p0"])
+    mark_trained(client, ["s0-b0-p0"])
     buffer.request_stop()
     assert buffer.delete_run() >= 3
-    assert not buffer.stop_requested() and not buffer.is_trained("s0-b0-p0")
+    assert not buffer.stop_requested() and not is_trained(client, "s0-b0-p0")
     assert buffer.depth() == 0 and other.depth() == 1
     buffer.push(make_group(1), batch_index=0)  # still usable afterwards
     assert _ids(buffer.take_batch(0, 1, consumer="learner", timeout_s=2)) == ["s0-b0-p1"]

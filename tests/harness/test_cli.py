@@ -46,3 +46,11 @@ def test_missing_config_file_is_a_clear_error() -> None:
     result = harness("config", "show", "configs/does_not_exist.yaml")
     assert result.returncode != 0
     assert "does not exist" in result.stderr
+
+
+def test_mode_choices_come_from_the_contract(tmp_path: Path) -> None:
+    args = ("configs/quickstart.yaml", "--arm", "gspo", "--seed", "0", "--lag", "0")
+    result = harness("trial", *args, "--out", str(tmp_path / "t"), "--mode", "sideways")
+    assert result.returncode == 2  # a usage error, before any trial file is written
+    assert all(word in result.stderr for word in ("--mode", "'sideways'", "'fixed'", "'bounded'"))
+    assert "Traceback" not in result.stderr and not (tmp_path / "t").exists()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from analysis.config import ReportConfig
 from harness.config import ConfigError, apply_overrides, load_config, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,7 +22,8 @@ MINIMAL = "name: t\narms:\n  - {name: gspo, objective: gspo}\n  - {name: grpo, o
 
 
 @pytest.mark.parametrize(
-    "name", ["quickstart.yaml", "gspo_vs_grpo_gpu.yaml", "staleness_sweep.yaml"]
+    "name",
+    ["quickstart.yaml", "gspo_vs_grpo_gpu.yaml", "staleness_sweep.yaml", "moe_gspo_vs_grpo.yaml"],
 )
 def test_shipped_configs_are_valid(name: str) -> None:
     cfg = load_config(REPO / "configs" / name)
@@ -94,3 +96,17 @@ def test_config_hash_changes_with_content(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL)
     assert load_config(path).config_hash() == load_config(path).config_hash()
     assert load_config(path).config_hash() != load_config(path, ["learner.lr=0.5"]).config_hash()
+
+
+def test_report_section_is_the_analysis_report_config(tmp_path: Path) -> None:
+    overrides = ["report.n_resamples=500", "report.curve_resamples=200", "report.figure_dpi=60"]
+    cfg = load_config(write(tmp_path, MINIMAL), overrides)
+    assert cfg.report == ReportConfig(n_resamples=500, curve_resamples=200, figure_dpi=60)
+    with pytest.raises(ConfigError, match=r"report\.n_resamples.*50"):  # analysis's bound, >= 100
+        load_config(write(tmp_path, MINIMAL), ["report.n_resamples=50"])
+
+
+def test_one_eval_size_and_the_old_learner_field_names_its_new_place(tmp_path: Path) -> None:
+    assert load_config(REPO / "configs/quickstart.yaml", ["task.eval_size=16"]).task.eval_size == 16
+    with pytest.raises(ConfigError, match=r"learner\.eval_size is now task\.eval_size"):
+        load_config(write(tmp_path, MINIMAL), ["learner.eval_size=16"])

@@ -20,10 +20,11 @@ import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
+from contract.record import TrialRecord
 from harness.config import ExperimentConfig, load_config
 from harness.experiment.grid import TrialStateError, classify_trial, expand_trials
 from harness.experiment.progress import MetricsTail
-from harness.experiment.run import analysis_function, run_experiment
+from harness.experiment.run import run_experiment
 from harness.experiment.scheduler import TrialPool, exit_status, trial_command
 from learner.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
@@ -118,6 +119,9 @@ def test_expand_trials_is_seed_major_with_contract_names(tmp_path: Path) -> None
 # --- trial state ----------------------------------------------------------------------------
 
 
+IDENTITY = {"arm": "gspo", "seed": 0, "lag": 0, "mode": "fixed"}  # of expand_trials(...)[0]
+
+
 def write_json(trial_dir: Path, **info: object) -> None:
     trial_dir.mkdir(parents=True, exist_ok=True)
     (trial_dir / "trial.json").write_text(json.dumps(info))
@@ -142,35 +146,45 @@ def test_classify_pending_corrupt_unknown_and_foreign(tmp_path: Path) -> None:
     (spec.trial_dir / "trial.json").write_text('{"status": "compl')
     corrupt = classify_trial(spec)
     assert corrupt.state == "resume" and "not valid JSON" in str(corrupt.problem)
-    write_json(spec.trial_dir, arm="gspo", seed=0, status="queued")
+    write_json(spec.trial_dir, **IDENTITY, status="queued")
     unknown = classify_trial(spec)
     assert unknown.state == "resume" and "unknown status 'queued'" in str(unknown.problem)
-    write_json(spec.trial_dir, arm="grpo", seed=0, status="completed")
+    # a record without its identity is not trusted to be finished: resumed, the field named
+    write_json(spec.trial_dir, arm="gspo", seed=0, status="completed")
+    partial = classify_trial(spec)
+    assert partial.state == "resume" and "lag: Field required" in str(partial.problem)
+    write_json(spec.trial_dir, **(IDENTITY | {"arm": "grpo"}), status="completed")
     with pytest.raises(TrialStateError, match="belongs to trial gspo__seed0__lag0__fixed"):
         classify_trial(spec)
 
 
 def test_classify_warns_on_other_config_hash_or_steps(tmp_path: Path) -> None:
     spec = expand_trials(ExperimentConfig.model_validate(config_data(tmp_path)))[0]
-    write_json(spec.trial_dir, status="completed", config_hash="old")
+    write_json(spec.trial_dir, **IDENTITY, status="completed", config_hash="old")
     found = classify_trial(spec, config_hash="new")
     assert found.state == "done" and "config hash old" in str(found.problem)
     assert classify_trial(spec, config_hash="old").problem is None
-    write_json(spec.trial_dir, status="completed", config_hash="old", steps_planned=2)
+    write_json(spec.trial_dir, **IDENTITY, status="completed", config_hash="old", steps_planned=2)
     short = classify_trial(spec, config_hash="old", steps=20)
     assert short.state == "done" and "ran for 2 planned steps" in str(short.problem)
     assert classify_trial(spec, config_hash="old", steps=2).problem is None
 
 
 def test_exit_status_follows_the_runner_contract() -> None:
-    assert exit_status(0, {"status": "completed"}) == ("completed", "completed")
-    assert exit_status(0, {"status": "diverged", "diverged_reason": "nan"}) == (
+    def record(status: str, **more: object) -> TrialRecord:
+        return TrialRecord.model_validate({**IDENTITY, "status": status, **more})
+
+    assert exit_status(0, record("completed")) == ("completed", "completed")
+    assert exit_status(0, record("diverged", diverged_reason="nan")) == (
         "diverged",
         "diverged: nan",
     )
-    assert exit_status(0, {"status": "running"})[0] == "failed"
+    assert exit_status(0, record("running")) == (
+        "failed",
+        "exited 0 but trial.json says status 'running'",
+    )
     assert exit_status(0, None)[0] == "failed"
-    assert exit_status(3, {"status": "completed"}) == ("failed", "exit code 3")
+    assert exit_status(3, record("completed")) == ("failed", "exit code 3")
     assert exit_status(-9, None) == ("failed", "killed by signal 9")
 
 
@@ -251,9 +265,9 @@ def test_runs_at_most_max_parallel_and_continues_after_a_failure(
 def test_relaunch_skips_done_resumes_unfinished_and_starts_new(tmp_path: Path) -> None:
     cfg, path = write_config(tmp_path)
     done, failed, killed, new = expand_trials(cfg)
-    write_json(done.trial_dir, arm="gspo", seed=0, status="completed")
-    write_json(failed.trial_dir, arm="grpo", seed=0, status="failed")
-    write_json(killed.trial_dir, arm="gspo", seed=1, status="running")
+    write_json(done.trial_dir, **IDENTITY, status="completed")
+    write_json(failed.trial_dir, **(IDENTITY | {"arm": "grpo"}), status="failed")
+    write_json(killed.trial_dir, **(IDENTITY | {"seed": 1}), status="running")
     MetricsLog(failed.trial_dir).append(1, 1.0, {"reward/mean": 0.1})
     result = run(cfg, path, max_parallel=3)
     assert result.exit_code == 0
@@ -375,9 +389,6 @@ def test_signal_stops_every_trial_group_and_relaunch_resumes(
 
 
 def test_report_is_built_and_logged(tmp_path: Path, mlflow_template: Path) -> None:
-    for name in ("build_report", "log_report_to_mlflow"):
-        if analysis_function(name) is None:
-            pytest.skip(f"analysis.{name} does not exist yet")
     cfg, path = write_config(
         tmp_path, tracking={"enabled": True}, learner={"steps": 4}, report={"n_resamples": 2000}
     )

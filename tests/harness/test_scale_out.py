@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from buffer.server import EmbeddedRedis
-from buffer.streams import RolloutBuffer, connect
+from buffer.streams import Telemetry, connect
 from learner.metrics_log import GroupLedger
 from tests.harness.trial_helpers import REPO, SMALL
 
@@ -45,9 +45,9 @@ def test_two_generators_one_learner_each_group_trained_once(tmp_path: Path) -> N
         # Both generators registered (and idle, waiting for v0) before the learner starts, so
         # the work is shared whichever process happened to start faster.
         with connect(server.url) as client:
-            buffer = RolloutBuffer(client, "scale-out")
+            telemetry = Telemetry(client, "scale-out")
             deadline = time.monotonic() + 300
-            while set(buffer.generator_stats()) != {"gen-a", "gen-b"}:
+            while set(telemetry.generators()) != {"gen-a", "gen-b"}:
                 assert time.monotonic() < deadline, "generators did not register"
                 time.sleep(0.1)
         learner = subprocess.Popen(component("learner", out), env=env, cwd=REPO)

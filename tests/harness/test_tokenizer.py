@@ -1,11 +1,12 @@
-"""The character tokenizer: one id per character, fixed special ids, offline HF round trip."""
+"""The character tokenizer: one id per character, fixed special ids, offline HF round trip; and
+the response text every verifier sees."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, Qwen2Config
 
 from harness.models.tokenizer import (
     BOS_ID,
@@ -17,8 +18,10 @@ from harness.models.tokenizer import (
     char_vocab,
     encode_prompt,
     load_tokenizer,
+    response_text,
     save_tokenizer,
 )
+from tests.harness.chat_tokenizer import IM_END, IM_START, build_chat_tokenizer
 
 SAMPLE = "12+34=46 rev:abc=cba, sort:cab=abc!\n(x-y)*z"
 
@@ -75,3 +78,41 @@ def test_save_and_load_offline_with_auto_tokenizer(tmp_path: Path) -> None:
     assert (loaded.pad_token, loaded.bos_token, loaded.eos_token) == ("<pad>", "<bos>", "<eos>")
     assert loaded.model_max_length == 64
     assert load_tokenizer(tmp_path).get_vocab() == tokenizer.get_vocab()
+
+
+def test_response_text_drops_eos_and_what_follows() -> None:
+    char = build_char_tokenizer(model_max_length=64)
+    answer = encode_prompt(char, "46")
+    assert response_text(char, [*answer, EOS_ID]) == "46"  # a generator's stopped response
+    assert response_text(char, [*answer, EOS_ID, PAD_ID, PAD_ID]) == "46"  # batched generate
+    assert response_text(char, [*answer, EOS_ID, *encode_prompt(char, "9")]) == "46"
+    assert response_text(char, answer) == "46"  # cut by the length limit: no EOS
+
+
+def test_response_text_strips_an_instruct_tokenizers_special_tokens() -> None:
+    # `<|im_end|>` is this tokenizer's EOS; a decode keeping special tokens shows it as text,
+    # which the built-in normaliser (it knew only `<eos>`) left in the scored answer.
+    chat = build_chat_tokenizer()
+    answer = encode_prompt(chat, "42")
+    assert chat.decode([*answer, chat.eos_token_id]) == f"42{IM_END}"
+    assert response_text(chat, [*answer, chat.eos_token_id]) == "42"
+    im_start = chat.convert_tokens_to_ids(IM_START)
+    assert response_text(chat, [im_start, *answer]) == "42"  # other special tokens removed too
+
+
+def test_load_tokenizer_keeps_the_saved_pipeline_next_to_a_qwen2_config(tmp_path: Path) -> None:
+    # transformers 5's AutoTokenizer swaps in Qwen2's own tokenizer class for model type qwen2
+    # (the built-in model's), whose byte-level pipeline dropped spaces and newlines: `a b\nc`
+    # came back as `abc`, so generators encoded file prompts unlike the warm start.
+    save_tokenizer(build_char_tokenizer(model_max_length=64), tmp_path)
+    Qwen2Config(vocab_size=len(CHARACTERS) + 4).save_pretrained(str(tmp_path))
+    loaded = load_tokenizer(tmp_path)
+    reference = build_char_tokenizer(model_max_length=64)
+    assert encode_prompt(loaded, SAMPLE) == encode_prompt(reference, SAMPLE)
+    assert loaded.decode(encode_prompt(loaded, "a b\nc")) == "a b\nc"
+    chat_dir = tmp_path / "chat"  # saved by transformers 5 as `TokenizersBackend`
+    build_chat_tokenizer().save_pretrained(str(chat_dir))
+    Qwen2Config(vocab_size=100).save_pretrained(str(chat_dir))
+    chat = load_tokenizer(chat_dir)
+    assert chat.decode(encode_prompt(chat, "Say 42.\n")) == "Say 42.\n"
+    assert chat.chat_template is not None

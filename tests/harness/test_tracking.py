@@ -12,13 +12,13 @@ import pyarrow as pa
 import pytest
 from mlflow import MlflowClient
 
+from contract.layout import PARENT_TAG
 from harness.config import ExperimentConfig
 from harness.experiment.grid import classify_trials, expand_trials
 from harness.experiment.mlflow_ui import UiError, ui_command, ui_store
 from harness.experiment.run_registry import REGISTRY_FILE, store_key
 from harness.experiment.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
 from harness.experiment.trial_runs import (
-    PARENT_TAG,
     flatten_params,
     metric_batches,
     prompt_set_digest,

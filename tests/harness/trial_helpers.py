@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from contract import metrics as M
-from contract.trial import read_json
+from contract.record import read_trial_record
 from learner.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +22,7 @@ SMALL = [
     "generation.group_size=4",
     "learner.prompts_per_step=4",
     "learner.eval_every=2",
-    "learner.eval_size=16",
+    "task.eval_size=16",
     "learner.checkpoint_every=2",
     "learner.lr=1e-3",
     "buffer.max_depth=64",
@@ -72,8 +72,9 @@ def deterministic_columns(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def status(out: Path) -> str:
-    info = read_json(out / "trial.json")
-    return "" if info is None else info["status"]
+    """The status in the trial's record, validated like every reader of trial.json does."""
+    record = read_trial_record(out)
+    return "" if record is None else record.status.value
 
 
 def wait_for_step(out: Path, step: int, process: subprocess.Popen, timeout_s: float = 300) -> None:

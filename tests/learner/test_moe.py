@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+from transformers import PreTrainedModel
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
 from buffer.collate import RolloutBatch, collate
@@ -36,38 +36,13 @@ from learner.moe import (
 from learner.step import train_on_batch
 from tests.learner.test_step import GROUP_SIZE
 from tests.learner.tiny import VOCAB, random_groups, tiny_policy
+from tests.tiny_models import MOE_POLICY, tiny_config, tiny_model
 
-EXPERTS, TOP_K, LAYERS = 4, 2, 2
-
-
-def tiny_moe_config() -> Qwen3MoeConfig:
-    return Qwen3MoeConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=32,
-        moe_intermediate_size=32,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        num_experts=EXPERTS,
-        num_experts_per_tok=TOP_K,
-        norm_topk_prob=True,
-        decoder_sparse_step=1,
-        mlp_only_layers=[],
-        max_position_embeddings=64,
-        initializer_range=0.2,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        tie_word_embeddings=True,
-    )
+EXPERTS, TOP_K, LAYERS = MOE_POLICY.experts, MOE_POLICY.experts_per_token, MOE_POLICY.layers
 
 
-def tiny_moe(seed: int = 0) -> Qwen3MoeForCausalLM:
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Qwen3MoeForCausalLM(tiny_moe_config()).float().eval()
+def tiny_moe(seed: int = 0) -> PreTrainedModel:
+    return tiny_model(MOE_POLICY, seed=seed).eval()
 
 
 def moe_batch(model: torch.nn.Module, n_groups: int = 4) -> RolloutBatch:
@@ -108,7 +83,7 @@ def test_replayed_scores_hand_worked() -> None:
 
 def test_sparse_block_replaying_its_own_choice_is_bitwise_unchanged() -> None:
     torch.manual_seed(0)
-    block = Qwen3MoeSparseMoeBlock(tiny_moe_config()).float()
+    block = Qwen3MoeSparseMoeBlock(tiny_config(MOE_POLICY)).float()
     torch.nn.init.normal_(block.gate.weight, std=0.5)
     torch.nn.init.normal_(block.experts.gate_up_proj, std=0.2)
     torch.nn.init.normal_(block.experts.down_proj, std=0.2)

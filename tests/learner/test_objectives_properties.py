@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from learner.objectives import OBJECTIVES, value_loss
+from learner.objectives import value_loss
+from tests.learner.objective_inputs import loss_of, opts
 
-# (name, objective kwargs, whether advantages are per token)
+# (name, option overrides, whether advantages are per token)
 VARIANTS: list[tuple[str, dict, bool]] = [
     ("gspo", {}, False),
     ("gspo_token", {}, False),
@@ -54,9 +55,9 @@ def _run(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     logprobs = b["logprobs"].clone().requires_grad_()
     adv = b["token_adv"] if per_token else b["adv"]
-    if extras:
-        kwargs = kwargs | {"is_weights": b["weights"], "ref_logprobs": b["ref"], "beta": 0.05}
-    loss, stats = OBJECTIVES[name](logprobs, b["old"], adv, b["mask"], **kwargs)
+    tensors = {"is_weights": b["weights"], "ref_logprobs": b["ref"]} if extras else {}
+    options = opts(name, **kwargs, beta=0.05 if extras else 0.0)
+    loss, stats = loss_of(name)(logprobs, b["old"], adv, b["mask"], options, **tensors)
     loss.backward()
     return loss.detach(), logprobs.grad, stats
 
@@ -149,10 +150,9 @@ def test_property_finite_for_any_finite_input(
     lp, old, ref, adv = (torch.tensor(col).view(2, 3) for col in zip(*values, strict=True))
     mask = torch.arange(3)[None, :] < torch.tensor(lengths)[:, None]
     logprobs = lp.clone().requires_grad_()
-    loss, stats = OBJECTIVES[name](
-        logprobs, old, adv if per_token else adv[:, 0], mask, ref_logprobs=ref, beta=0.1,
-        kl_estimator=estimator, **kwargs,
-    )  # fmt: skip
+    options = opts(name, **kwargs, beta=0.1, kl_estimator=estimator)
+    advantages = adv if per_token else adv[:, 0]
+    loss, stats = loss_of(name)(logprobs, old, advantages, mask, options, ref_logprobs=ref)
     loss.backward()
     assert math.isfinite(loss.item())
     assert torch.isfinite(logprobs.grad).all()

@@ -8,10 +8,12 @@ import pytest
 import torch
 
 from buffer.collate import collate
+from contract import metrics as M
+from learner.arms import arm_spec
 from learner.config import ArmConfig, LearnerConfig
 from learner.forward import policy_logprobs
 from learner.models import build_step_models
-from learner.step import DivergenceError, train_on_batch
+from learner.step import DivergenceError, compute_advantages, train_on_batch
 from tests.learner.tiny import random_groups, save_tiny_policy, tiny_policy
 
 GROUP_SIZE = 4
@@ -45,6 +47,8 @@ def test_one_step_per_arm(tmp_path, objective: str) -> None:
     assert len(result.grad_norms) == 2  # ppo_epochs 1 x minibatches 2
     # The first minibatch starts at ratio exactly 1 (pi_old recomputed with the same weights).
     assert m["policy/ratio_min"] <= 1.0 <= m["policy/ratio_max"]
+    # Every arm logs both objective-independent ratio means (learner.objectives.stats).
+    assert {M.POLICY_RATIO_SEQ_MEAN, M.POLICY_RATIO_TOKEN_MEAN} <= set(m)
     # Behaviour logprobs came from the same weights: engine mismatch ~ 0, IS weights ~ 1.
     assert m["mismatch/kl_behavior"] < 1e-6
     assert abs(m["mismatch/is_weight_mean"] - 1.0) < 1e-5
@@ -80,3 +84,33 @@ def test_stale_rows_are_left_out_of_engine_mismatch(tmp_path) -> None:
         models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=3
     )
     assert math.isnan(result.metrics["mismatch/kl_behavior"])
+
+
+def test_one_on_policy_update_logs_unit_ratios(tmp_path) -> None:
+    """One minibatch against a recomputed pi_old: every ratio statistic is 1 (design 6)."""
+    model_dir = save_tiny_policy(tmp_path / "model")
+    arm = ArmConfig(name="gspo_token", objective="gspo_token")
+    cfg = LearnerConfig(prompts_per_step=2, old_logprobs="recompute")
+    models = build_step_models(model_dir, arm, cfg, total_steps=1)
+    batch = collate(on_policy_groups(tiny_policy(), 2), pad_id=0)
+    m = train_on_batch(
+        models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0
+    ).metrics
+    for name in (M.POLICY_RATIO_SEQ_MEAN, M.POLICY_RATIO_TOKEN_MEAN, M.POLICY_RATIO_MEAN):
+        assert m[name] == pytest.approx(1.0, abs=1e-6), name
+    assert m[M.POLICY_CLIP_FRAC] == 0.0
+
+
+@pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "ppo"])
+def test_advantages_follow_the_declared_kind(objective: str) -> None:
+    spec = arm_spec(objective)
+    batch = collate(random_groups(2, GROUP_SIZE), pad_id=0)
+    mask = batch.response_mask
+    old_values = torch.zeros(mask.shape) if spec.needs_value_model else None
+    arm = ArmConfig(name=objective, objective=objective)
+    advantages, returns = compute_advantages(arm, batch, GROUP_SIZE, LearnerConfig(), old_values)
+    if spec.advantages == "group":  # one per sequence, no critic targets
+        assert advantages.shape == batch.rewards.shape and returns is None
+    else:  # GAE: per token, with lambda-returns for the critic
+        assert advantages.shape == mask.shape and returns is not None
+        assert returns.shape == mask.shape

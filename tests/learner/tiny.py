@@ -1,4 +1,4 @@
-"""A tiny random Qwen2 policy and hand-built rollout groups for learner tests."""
+"""The learner tests' tiny random Qwen2 policy (tests.tiny_models) and hand-built groups."""
 
 from __future__ import annotations
 
@@ -6,30 +6,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import PreTrainedModel
 
 from buffer.schema import RolloutGroup
+from tests.tiny_models import DENSE_POLICY, RAW_IDS, tiny_model
 
-VOCAB = 24
+VOCAB = RAW_IDS.vocab_size  # ids 0 pad, 1 eos, 2 bos; groups draw tokens from 3..VOCAB-1
 
 
-def tiny_policy(seed: int = 0) -> Qwen2ForCausalLM:
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-        tie_word_embeddings=True,
-    )
-    return Qwen2ForCausalLM(config).float()
+def tiny_policy(seed: int = 0) -> PreTrainedModel:
+    return tiny_model(DENSE_POLICY, seed=seed)
 
 
 def save_tiny_policy(directory: Path, seed: int = 0) -> Path:

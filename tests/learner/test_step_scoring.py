@@ -1,0 +1,187 @@
+"""How a learner step scores tokens: dropout off, eval-mode scoring passes, no NaN at the nucleus
+edge (issue 13, parts 1 and 5)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import get_args
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from buffer.collate import collate
+from contract import metrics as M
+from learner.config import ArmConfig, LearnerConfig, Objective
+from learner.dropout import disable_dropout
+from learner.forward import policy_logprobs, scoring
+from learner.models import build_step_models
+from learner.sampling_dist import LOGPROB_FLOOR, SamplingSettings
+from learner.step import train_on_batch
+from tests.learner.tiny import VOCAB, random_groups, save_tiny_policy
+
+GROUP_SIZE = 4
+OBJECTIVES: tuple[str, ...] = get_args(Objective)
+
+
+def save_with_dropout(directory: Path, arch: str) -> Path:
+    """A tiny policy whose dropout is 0.5 everywhere it can be set."""
+    torch.manual_seed(0)
+    if arch == "qwen2":  # attention dropout: a float the attention module reads in train mode
+        config = Qwen2Config(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+            attention_dropout=0.5,
+            pad_token_id=0,
+            eos_token_id=1,
+        )
+        model: nn.Module = Qwen2ForCausalLM(config)
+    else:  # GPT-2: nn.Dropout modules on embeddings, attention and residuals
+        config = GPT2Config(
+            vocab_size=VOCAB,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            n_positions=64,
+            resid_pdrop=0.5,
+            embd_pdrop=0.5,
+            attn_pdrop=0.5,
+            bos_token_id=2,
+            eos_token_id=1,
+        )
+        model = GPT2LMHeadModel(config)
+    model.save_pretrained(directory)
+    return directory
+
+
+def dropout_levels(module: nn.Module) -> list[float]:
+    """Every nonzero dropout probability left in `module` (nn.Dropout or a float attribute)."""
+    levels = [m.p for m in module.modules() if isinstance(m, nn.Dropout) and m.p]
+    for sub in module.modules():
+        levels += [
+            value
+            for name, value in vars(sub).items()
+            if "dropout" in name and isinstance(value, float) and value
+        ]
+    return levels
+
+
+def on_policy_groups(model_dir: Path, sampling: SamplingSettings = SamplingSettings()):
+    """Groups whose behaviour log-probs are the loaded weights' own, scored in eval mode (as a
+    generator does)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def logprobs(prompt, response):
+        ids = torch.tensor([prompt + response])
+        with torch.no_grad():
+            lp, _ = policy_logprobs(model, ids, torch.ones_like(ids), sampling)
+        return lp[0, len(prompt) :].tolist()
+
+    return random_groups(2, GROUP_SIZE, seed=1, with_logprobs=logprobs)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+def test_dropout_is_off_in_policy_critic_and_reference(tmp_path: Path, arch: str) -> None:
+    model_dir = save_with_dropout(tmp_path / arch, arch)
+    raw = AutoModelForCausalLM.from_pretrained(model_dir)
+    assert dropout_levels(raw)  # the saved model does have dropout
+    assert not dropout_levels(disable_dropout(raw))
+    arm = ArmConfig(name="ppo", objective="ppo", beta=0.1)  # critic and reference too
+    models = build_step_models(model_dir, arm, LearnerConfig(prompts_per_step=2), total_steps=1)
+    assert models.value is not None and models.reference is not None
+    for module in (models.policy.module, models.value.module, models.reference):
+        assert not dropout_levels(module)
+    config = models.policy.module.config
+    assert all(
+        getattr(config, name, 0.0) == 0.0
+        for name in ("attention_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop")
+    )
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "gpt2"])
+@pytest.mark.parametrize("objective", ["grpo", "ppo"])
+def test_a_model_with_dropout_gives_ratio_one(tmp_path: Path, arch: str, objective: str) -> None:
+    model_dir = save_with_dropout(tmp_path / arch, arch)
+    arm = ArmConfig(name=objective, objective=objective)
+    cfg = LearnerConfig(prompts_per_step=2, minibatches=1, old_logprobs="behavior")
+    models = build_step_models(model_dir, arm, cfg, total_steps=1)
+    batch = collate(on_policy_groups(model_dir), pad_id=0)
+    m = train_on_batch(
+        models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0
+    ).metrics
+    assert abs(m[M.POLICY_RATIO_MIN] - 1.0) <= 1e-5 and abs(m[M.POLICY_RATIO_MAX] - 1.0) <= 1e-5
+    assert m[M.MISMATCH_KL_BEHAVIOR] < 1e-9
+
+
+def test_only_gradient_passes_run_in_train_mode(tmp_path: Path) -> None:
+    """pi_old, the reference, the critic's old values and diagnostics: eval + no_grad; the
+    minibatch passes of policy and critic: train mode with gradients."""
+    model_dir = save_tiny_policy(tmp_path / "model")
+    arm = ArmConfig(name="ppo", objective="ppo", beta=0.1)
+    cfg = LearnerConfig(prompts_per_step=2, minibatches=2, old_logprobs="recompute")
+    models = build_step_models(model_dir, arm, cfg, total_steps=1)
+    assert models.value is not None and models.reference is not None
+    seen: dict[str, list[tuple[bool, bool]]] = {"policy": [], "value": [], "reference": []}
+    for name, module in [
+        ("policy", models.policy.module),
+        ("value", models.value.module),
+        ("reference", models.reference),
+    ]:
+        module.register_forward_hook(
+            lambda m, *_, name=name: seen[name].append((m.training, torch.is_grad_enabled()))
+        )
+    batch = collate(random_groups(2, GROUP_SIZE), pad_id=0)
+    train_on_batch(models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0)
+    # One scoring pass (pi_old) then one gradient pass per minibatch, for policy and critic.
+    assert seen["policy"] == [(False, False), (True, True), (True, True)]
+    assert seen["value"] == [(False, False), (True, True), (True, True)]
+    assert seen["reference"] == [(False, False)]
+    assert models.policy.module.training and models.value.module.training
+
+
+@pytest.mark.parametrize("old_logprobs", ["behavior", "recompute"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_tokens_outside_the_learner_nucleus_give_no_nan(
+    tmp_path: Path, objective: str, old_logprobs: str
+) -> None:
+    """Random tokens scored by a near-uniform policy at top-p 0.3: many fall outside its nucleus
+    (log-prob -inf, floored). The step stays finite and the weights too, with a KL-to-reference
+    term on; in recompute mode such a token's pi_old is floored as well."""
+    model_dir = save_tiny_policy(tmp_path / "model")
+    sampling = SamplingSettings(temperature=0.7, top_p=0.3)
+    arm = ArmConfig(name=objective, objective=objective, beta=0.1)
+    cfg = LearnerConfig(prompts_per_step=2, minibatches=2, lr=1e-2, old_logprobs=old_logprobs)
+    models = build_step_models(model_dir, arm, cfg, total_steps=1)
+    batch = collate(random_groups(2, GROUP_SIZE, seed=3), pad_id=0)
+    with scoring(models.policy.module):
+        lp, _ = policy_logprobs(
+            models.policy.module, batch.input_ids, batch.attention_mask, sampling
+        )
+    floored = (lp == LOGPROB_FLOOR) & batch.response_mask.bool()
+    assert 0 < int(floored.sum()) < int(batch.response_mask.sum())  # both kinds of token present
+    result = train_on_batch(
+        models,
+        batch,
+        arm=arm,
+        learner=cfg,
+        group_size=GROUP_SIZE,
+        max_len=8,
+        version=0,
+        sampling=sampling,
+    )
+    assert all(math.isfinite(v) for v in result.metrics.values()), result.metrics
+    assert all(math.isfinite(g) for g in result.grad_norms)
+    assert all(torch.isfinite(p).all() for p in models.policy.module.parameters())
