@@ -171,6 +171,10 @@ class TicketDispenser:
     def stop_requested(self) -> bool:
         return stop_requested(self._client, self._keys)
 
+    def clear_stop(self) -> None:
+        """Withdraw a stop request: a trial (re)starting must not inherit the last teardown's."""
+        self._client.delete(self._keys.stop)
+
 
 def request_stop(client: redis.Redis, keys: RunKeys) -> None:
     """Set the run's stop flag (generators finish their current group, then exit)."""

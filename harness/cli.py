@@ -88,7 +88,7 @@ LagOpt = Annotated[int, typer.Option("--lag", help="Lag (fixed) or max lag (boun
 OutOpt = Annotated[Path, typer.Option("--out", help="Trial output directory.")]
 StepsOpt = Annotated[
     int | None,
-    typer.Option("--steps", help="Cap on learner steps (smoke runs).", show_default=False),
+    typer.Option("--steps", min=1, help="Cap on learner steps (smoke runs).", show_default=False),
 ]
 
 

@@ -2,12 +2,12 @@
 
 Given an output directory it serves that directory's SQLite store (`mlflow.db`) and artifact
 root (`mlartifacts/`), the defaults `harness run` writes; given a URI it serves that store.
-The server is a child process in its own session, stopped with its whole group on Ctrl-C.
+The server is a child process in its own session, stopped with its whole group on Ctrl-C or
+SIGTERM.
 """
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import sys
@@ -113,18 +113,19 @@ def stop_ui(server: UiServer, grace_s: float = 10.0) -> None:
 
 
 def serve_ui(out_dir_or_uri: str | Path, port: int = 5000, console: Console | None = None) -> int:
-    """Serve the MLflow UI until Ctrl-C; prints the URL. Returns the server's exit status.
+    """Serve the MLflow UI until Ctrl-C or SIGTERM; prints the URL. Returns the exit status.
 
-    Only SIGINT is caught (as KeyboardInterrupt was): a SIGTERM still ends this process at once.
+    Both stop signals are caught from before the server starts: the server runs in a session of
+    its own, so a SIGTERM that ended this process at once would leave it running under init.
     """
     console = console or Console()
-    server = start_ui(out_dir_or_uri, port)
-    console.print(f"MLflow UI: {server.url}  (Ctrl-C to stop)", highlight=False)
-    ctrl_c = SignalLatch()
-    try:
-        with forward_signals(ctrl_c.set, signals=(signal.SIGINT,)):
-            while server.process.poll() is None and not ctrl_c.caught:
+    stop = SignalLatch()
+    with forward_signals(stop.set):  # SIGINT and SIGTERM
+        server = start_ui(out_dir_or_uri, port)
+        try:
+            console.print(f"MLflow UI: {server.url}  (Ctrl-C to stop)", highlight=False)
+            while server.process.poll() is None and not stop.caught:
                 time.sleep(0.5)
-    finally:
-        stop_ui(server)
-    return 0 if ctrl_c.caught else int(server.process.returncode)  # Ctrl-C: a normal end
+        finally:
+            stop_ui(server)
+    return 0 if stop.caught else int(server.process.returncode)  # a stop signal: a normal end

@@ -130,29 +130,7 @@ def train_on_solutions(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sft: SftTask, config: ModelConfig
 ) -> list[tuple[int, float]]:
     """`warm_start.train_supervised` with `solution_loss`: same stream, batches and optimiser."""
-    steps, batch = config.warm_start_steps, config.warm_start_batch_size
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.warm_start_lr, betas=ADAM_BETAS, weight_decay=WEIGHT_DECAY
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    curve: list[tuple[int, float]] = []
-    model.train()
-    for step in range(steps):
-        prompts = [sft.train_prompt(config.init_seed, step * batch + i) for i in range(batch)]
-        loss = solution_loss(model, *sft_batch(tokenizer, prompts, config.max_seq_len))
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"warm-start loss is {loss.item()} at step {step}; lower model.warm_start_lr"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP_NORM)
-        optimizer.step()
-        schedule.step()
-        if step % LOSS_LOG_EVERY == 0 or step == steps - 1:
-            curve.append((step, round(loss.item(), 6)))
-    model.eval()
-    return curve
+    return train_supervised(model, tokenizer, sft, config, loss_fn=solution_loss)
 
 
 def response_budget(
@@ -195,32 +173,17 @@ def chat_warm_start(
         curve = train_on_solutions(model, tokenizer, sft, model_cfg)
         seconds = time.perf_counter() - started
         prompts = sft.eval_prompts(task_cfg.eval_size)
-        greedy = greedy_eval(model, tokenizer, reward_fn, prompts, max_new_tokens=budget)
-        sampled = sampled_reward_mean(
+        return measure(
             model,
             tokenizer,
             reward_fn,
             prompts,
-            max_new_tokens=budget,
-            temperature=SAMPLED_TEMPERATURE,
+            config=model_cfg,
+            budget=budget,
+            curve=curve,
+            seconds=seconds,
             samples_per_prompt=SAMPLES_PER_PROMPT,
-            seed=model_cfg.init_seed,
         )
-    return WarmStartReport(
-        steps=model_cfg.warm_start_steps,
-        lr=model_cfg.warm_start_lr,
-        batch_size=model_cfg.warm_start_batch_size,
-        init_seed=model_cfg.init_seed,
-        threads=WARM_START_THREADS,
-        seconds=round(seconds, 3),
-        loss_curve=curve,
-        eval_n=len(prompts),
-        eval_max_new_tokens=budget,
-        greedy_pass_rate=greedy.pass_rate,
-        sampled_reward_mean=sampled.reward_mean,
-        sampled_temperature=SAMPLED_TEMPERATURE,
-        samples_per_prompt=SAMPLES_PER_PROMPT,
-    )
 
 
 __all__ = [

@@ -17,9 +17,10 @@ because float reductions split over a different number of threads round differen
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -135,15 +136,28 @@ def lr_factor(step: int) -> float:
     return min(1.0, (step + 1) / WARMUP_STEPS)
 
 
+LossFn = Callable[
+    [PreTrainedModel, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
+]  # (model, input_ids, attention_mask, labels) -> scalar loss
+
+
+class TrainStream(Protocol):
+    """What training reads: a `Task`, or a view of one (the chat warm start's `SftTask`)."""
+
+    def train_prompt(self, seed: int, index: int) -> Prompt: ...
+
+
 def train_supervised(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    task: Task,
+    task: TrainStream,
     config: ModelConfig,
+    loss_fn: LossFn = answer_loss,
 ) -> list[tuple[int, float]]:
     """Run `config.warm_start_steps` AdamW steps on the stream of seed `config.init_seed`.
 
     Step k reads train prompts k*B .. k*B+B-1. Returns (step, loss) every LOSS_LOG_EVERY steps.
+    `loss_fn` is `answer_loss` here; the chat warm start passes its cheaper `solution_loss`.
     """
     steps, batch = config.warm_start_steps, config.warm_start_batch_size
     optimizer = torch.optim.AdamW(
@@ -154,8 +168,7 @@ def train_supervised(
     model.train()
     for step in range(steps):
         prompts = [task.train_prompt(config.init_seed, step * batch + i) for i in range(batch)]
-        input_ids, mask, labels = sft_batch(tokenizer, prompts, config.max_seq_len)
-        loss = answer_loss(model, input_ids, mask, labels)
+        loss = loss_fn(model, *sft_batch(tokenizer, prompts, config.max_seq_len))
         if not torch.isfinite(loss):
             raise FloatingPointError(
                 f"warm-start loss is {loss.item()} at step {step}; lower model.warm_start_lr"
@@ -290,6 +303,50 @@ def sampled_reward_mean(
     return score(reward_fn, prompts, responses, repeats=samples_per_prompt)
 
 
+def measure(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    reward_fn: RewardFn,
+    prompts: list[Prompt],
+    *,
+    config: ModelConfig,
+    budget: int,
+    curve: list[tuple[int, float]],
+    seconds: float,
+    samples_per_prompt: int = SAMPLES_PER_PROMPT,
+) -> WarmStartReport:
+    """Greedy and sampled reward of the trained model on `prompts`, with how it was trained.
+
+    Shared by both warm starts so their warm_start.json records mean the same thing.
+    """
+    greedy = greedy_eval(model, tokenizer, reward_fn, prompts, max_new_tokens=budget)
+    sampled = sampled_reward_mean(
+        model,
+        tokenizer,
+        reward_fn,
+        prompts,
+        max_new_tokens=budget,
+        temperature=SAMPLED_TEMPERATURE,
+        samples_per_prompt=samples_per_prompt,
+        seed=config.init_seed,
+    )
+    return WarmStartReport(
+        steps=config.warm_start_steps,
+        lr=config.warm_start_lr,
+        batch_size=config.warm_start_batch_size,
+        init_seed=config.init_seed,
+        threads=WARM_START_THREADS,
+        seconds=round(seconds, 3),
+        loss_curve=curve,
+        eval_n=len(prompts),
+        eval_max_new_tokens=budget,
+        greedy_pass_rate=greedy.pass_rate,
+        sampled_reward_mean=sampled.reward_mean,
+        sampled_temperature=SAMPLED_TEMPERATURE,
+        samples_per_prompt=samples_per_prompt,
+    )
+
+
 def warm_start(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -306,29 +363,13 @@ def warm_start(
         seconds = time.perf_counter() - started
         prompts = task.eval_prompts(eval_size)
         budget = answer_budget(tokenizer, prompts)
-        greedy = greedy_eval(model, tokenizer, reward_fn, prompts, max_new_tokens=budget)
-        sampled = sampled_reward_mean(
+        return measure(
             model,
             tokenizer,
             reward_fn,
             prompts,
-            max_new_tokens=budget,
-            temperature=SAMPLED_TEMPERATURE,
-            samples_per_prompt=SAMPLES_PER_PROMPT,
-            seed=config.init_seed,
+            config=config,
+            budget=budget,
+            curve=curve,
+            seconds=seconds,
         )
-    return WarmStartReport(
-        steps=config.warm_start_steps,
-        lr=config.warm_start_lr,
-        batch_size=config.warm_start_batch_size,
-        init_seed=config.init_seed,
-        threads=WARM_START_THREADS,
-        seconds=round(seconds, 3),
-        loss_curve=curve,
-        eval_n=len(prompts),
-        eval_max_new_tokens=budget,
-        greedy_pass_rate=greedy.pass_rate,
-        sampled_reward_mean=sampled.reward_mean,
-        sampled_temperature=SAMPLED_TEMPERATURE,
-        samples_per_prompt=SAMPLES_PER_PROMPT,
-    )

@@ -195,14 +195,17 @@ def run_trial(
 
 def _reset_run(redis_url: str, cfg: ExperimentConfig, run_id: str, fresh: bool) -> None:
     """Fresh trial: delete the run's keys (a previous attempt's leftovers). Resume: release the
-    tickets leased by the generators that died with the previous attempt."""
+    tickets leased by the generators that died with the previous attempt. Either way withdraw the
+    stop flag the previous attempt's teardown set, or every generator would exit at once."""
     from buffer.streams import RolloutBuffer, TicketDispenser, connect
 
     with connect(redis_url, cfg.buffer.tls_ca_file) as client:
+        tickets = TicketDispenser(client, run_id)
         if fresh:
             RolloutBuffer(client, run_id, cfg.buffer).delete_run()
         else:
-            TicketDispenser(client, run_id).expire_all_leases()
+            tickets.expire_all_leases()
+        tickets.clear_stop()
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,9 @@ def test_stop_flag(client: redis.Redis) -> None:
     tickets.request_stop()
     assert tickets.stop_requested()
     assert tickets.claim("g", limit=10) is None
+    tickets.clear_stop()  # a resumed trial withdraws the previous teardown's stop
+    assert not tickets.stop_requested()
+    assert tickets.claim("g", limit=10) == 0
 
 
 def test_release_and_expire_all_hand_tickets_back(client: redis.Redis) -> None:

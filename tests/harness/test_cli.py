@@ -54,3 +54,17 @@ def test_mode_choices_come_from_the_contract(tmp_path: Path) -> None:
     assert result.returncode == 2  # a usage error, before any trial file is written
     assert all(word in result.stderr for word in ("--mode", "'sideways'", "'fixed'", "'bounded'"))
     assert "Traceback" not in result.stderr and not (tmp_path / "t").exists()
+
+
+def test_non_positive_steps_is_a_usage_error_naming_the_option(tmp_path: Path) -> None:
+    """`--steps -3` used to be accepted and report success after training nothing."""
+    trial = ("configs/quickstart.yaml", "--arm", "gspo", "--seed", "0", "--lag", "0")
+    for command in (
+        ("trial", *trial, "--out", str(tmp_path / "t")),
+        ("run", "configs/quickstart.yaml", "--out", str(tmp_path / "r")),
+    ):
+        for steps in ("-3", "0"):
+            result = harness(*command, "--steps", steps)
+            assert result.returncode == 2, (command, steps, result.stdout)
+            assert "--steps" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()

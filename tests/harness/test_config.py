@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from analysis.config import ReportConfig
-from harness.config import ConfigError, apply_overrides, load_config, parse_override
+from harness.config import ConfigError, load_config
+from harness.overrides import apply_overrides, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -6,11 +6,14 @@ of test_tracking.py; the pure parts (store resolution, argv) are tested there.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -21,6 +24,8 @@ from rich.console import Console
 
 from harness.experiment.mlflow_ui import UiError, serve_ui, start_ui, stop_ui
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -76,3 +81,52 @@ def test_ctrl_c_stops_the_served_ui_and_is_a_normal_end(out_dir: Path) -> None:
     assert serve_ui(out_dir, port, console=Console(file=io.StringIO())) == 0
     with pytest.raises(OSError):  # the server's whole group is gone: nothing answers
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_real_harness_ui_and_its_server(out_dir: Path) -> None:
+    """SIGTERM used to end `harness ui` at once, leaving the server (own session) under init."""
+    port = free_port()
+    command = [sys.executable, "-m", "harness.cli", "ui", str(out_dir), "--port", str(port)]
+    with (out_dir / "ui.log").open("wb") as log:
+        ui = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 120
+        server_pid = None
+        while server_pid is None and time.monotonic() < deadline:
+            assert ui.poll() is None, (out_dir / "ui.log").read_text()
+            server_pid = _listener_pid(port)
+            time.sleep(0.25)
+        assert server_pid is not None, "the MLflow server never listened"
+        ui.send_signal(signal.SIGTERM)
+        assert ui.wait(timeout=30) == 0
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+        assert not _alive(server_pid)
+    finally:
+        if ui.poll() is None:
+            ui.kill()
+            ui.wait()
+
+
+def _listener_pid(port: int) -> int | None:
+    """The pid of the `mlflow server` child of any process serving `port`, once /health answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+            pass
+    except OSError:
+        return None
+    for status in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            argv = status.read_bytes().split(b"\0")
+            if b"mlflow" in argv and b"server" in argv and str(port).encode() in argv:
+                return int(status.parent.name)
+    return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
