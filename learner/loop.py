@@ -141,10 +141,16 @@ def run_learner(
             metrics_log.truncate_after(state.step)
             ledger.truncate_after(state.step)
     elif dist.is_main:
+        # No checkpoint: start from the initial weights. A resumed learner killed before its
+        # first checkpoint may already have published v0 and later versions; it redoes those
+        # steps like any resume (publish_unless_done), its uncommitted groups are still pending.
         metrics_log.truncate_after(-1)
         ledger.truncate_after(-1)
         location = weights.write(0, models.policy.module, config_dir=task.model_dir)
-        versions.publish(0, location)
+        if resume:
+            publish_unless_done(versions, 0, location)
+        else:
+            versions.publish(0, location)  # a fresh run's registry is empty: anything else is a bug
         pass_rate = evaluate(models.policy.module)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate})
     trained = set(state.trained_group_ids)

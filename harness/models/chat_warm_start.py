@@ -32,19 +32,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from harness.config import ModelConfig, TaskConfig
 from harness.models.tokenizer import encode_prompt
 from harness.models.warm_start import (
-    ADAM_BETAS,
-    GRAD_CLIP_NORM,
     IGNORE_INDEX,
-    LOSS_LOG_EVERY,
-    SAMPLED_TEMPERATURE,
     WARM_START_THREADS,
-    WEIGHT_DECAY,
     WarmStartReport,
-    greedy_eval,
-    lr_factor,
+    measure,
     pinned_threads,
-    sampled_reward_mean,
-    sft_batch,
+    train_supervised,
 )
 from harness.tasks.base import Prompt, Task
 from harness.tasks.file_task import read_table

@@ -24,13 +24,16 @@ strings `<s>`, `</s>`, `<unk>` in text as the special tokens (chat templates rel
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, processors
 from transformers import PreTrainedTokenizerFast
+
+from harness.models.tokenizer import save_tokenizer
 
 __all__ = [
     "MISTRAL_CHAT_TEMPLATE",
@@ -45,6 +48,11 @@ BOS_TOKEN, EOS_TOKEN, UNK_TOKEN = "<s>", "</s>", "<unk>"
 # Mistral has no pad token; `<unk>` never occurs in encoded text (byte fallback covers every
 # character), so padding with it cannot collide with a real token. The harness masks padding.
 PAD_TOKEN = UNK_TOKEN
+# The special tokens by role, as the tokenizer is built with them and special_tokens_map.json
+# records them (in this order).
+MISTRAL_SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType(
+    {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN, "pad_token": PAD_TOKEN}
+)
 # SentencePiece ModelProto.SentencePiece.Type values.
 PIECE_NORMAL, PIECE_UNKNOWN, PIECE_CONTROL, PIECE_USER_DEFINED, PIECE_BYTE = 1, 2, 3, 4, 6
 SPM_BPE = 2  # TrainerSpec.model_type
@@ -183,10 +191,7 @@ def build_mistral_tokenizer(model_max_length: int) -> PreTrainedTokenizerFast:
     """Mistral 7B v0.1's tokenizer as a Hugging Face fast tokenizer with the instruct template."""
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=convert_sentencepiece_bpe(mistral_v1_model_file()),
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
-        pad_token=PAD_TOKEN,
+        **MISTRAL_SPECIAL_TOKENS,
         model_max_length=model_max_length,
         padding_side="right",
         clean_up_tokenization_spaces=False,
@@ -198,21 +203,10 @@ def build_mistral_tokenizer(model_max_length: int) -> PreTrainedTokenizerFast:
 def save_mistral_tokenizer(tokenizer: PreTrainedTokenizerFast, directory: Path) -> None:
     """Save tokenizer.json, tokenizer_config.json (with the chat template), special_tokens_map.json.
 
-    `tokenizer_class` is rewritten to `PreTrainedTokenizerFast` (transformers 5 writes a name
-    transformers 4 cannot resolve); the chat template is also kept inline in
+    As `tokenizer.save_tokenizer` saves the character tokenizer (`tokenizer_class` rewritten to
+    `PreTrainedTokenizerFast`), with Mistral's special tokens and the chat template kept inline in
     tokenizer_config.json, where older loaders and vLLM look for it.
     """
-    directory.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(directory))
-    config_path = directory / "tokenizer_config.json"
-    config = json.loads(config_path.read_text())
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    config["chat_template"] = MISTRAL_CHAT_TEMPLATE
-    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    special = {
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "unk_token": UNK_TOKEN,
-        "pad_token": PAD_TOKEN,
-    }
-    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    save_tokenizer(
+        tokenizer, directory, special=MISTRAL_SPECIAL_TOKENS, chat_template=MISTRAL_CHAT_TEMPLATE
+    )

@@ -18,8 +18,9 @@ Contract the rest of the harness relies on:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -30,6 +31,11 @@ EOS_TOKEN = "<eos>"
 UNK_TOKEN = "<unk>"
 SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, UNK_TOKEN)
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# The special tokens by role, as the tokenizer is built with them and special_tokens_map.json
+# records them.
+CHAR_SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType(
+    {"pad_token": PAD_TOKEN, "bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "unk_token": UNK_TOKEN}
+)
 
 # Digits and operators for arithmetic, lowercase letters for reverse/sort, then space, newline and
 # common punctuation so simple user prompt files (task `file`) mostly stay in-vocabulary.
@@ -51,42 +57,51 @@ def build_char_tokenizer(model_max_length: int) -> PreTrainedTokenizerFast:
     `model_max_length` is the model's context (prompt + response), recorded so that tooling which
     truncates by it (vLLM's max_model_len checks) sees the real limit.
     """
-    backend = Tokenizer(models.WordLevel(char_vocab(), unk_token=UNK_TOKEN))
-    # `[\s\S]` (not `.`) so newlines are split into tokens too; "isolated" keeps every character.
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    # Fuse concatenates the token strings: the default decoder would join them with spaces.
-    backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
-        pad_token=PAD_TOKEN,
-        bos_token=BOS_TOKEN,
-        eos_token=EOS_TOKEN,
-        unk_token=UNK_TOKEN,
+        tokenizer_object=char_level_backend(char_vocab(), UNK_TOKEN),
+        **CHAR_SPECIAL_TOKENS,
         model_max_length=model_max_length,
         padding_side="right",
     )
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+def char_level_backend(vocab: dict[str, int], unk_token: str) -> Tokenizer:
+    """A `tokenizers` pipeline with one token per character of `vocab`, decoded by concatenation.
+
+    Shared with the tests' ChatML tokenizer, which adds its special tokens to the same scheme.
+    """
+    backend = Tokenizer(models.WordLevel(vocab, unk_token=unk_token))
+    # `[\s\S]` (not `.`) so newlines are split into tokens too; "isolated" keeps every character.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    # Fuse concatenates the token strings: the default decoder would join them with spaces.
+    backend.decoder = decoders.Fuse()
+    return backend
+
+
+def save_tokenizer(
+    tokenizer: PreTrainedTokenizerBase,
+    directory: Path,
+    *,
+    special: Mapping[str, str] = CHAR_SPECIAL_TOKENS,
+    chat_template: str | None = None,
+) -> None:
     """Save in Hugging Face format: tokenizer.json, tokenizer_config.json, special_tokens_map.json.
 
     transformers 5 writes `tokenizer_class: TokenizersBackend`, a name transformers 4 cannot
     resolve; `PreTrainedTokenizerFast` loads under both, so the config is rewritten to it. The
-    special-tokens map is no longer written by transformers 5 but older loaders read it.
+    special-tokens map (`special`, in its order) is no longer written by transformers 5 but older
+    loaders read it. A `chat_template` is also kept inline in tokenizer_config.json, where older
+    loaders and vLLM look for it.
     """
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(directory))
     config_path = directory / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if chat_template is not None:
+        config["chat_template"] = chat_template
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    special = {
-        "pad_token": PAD_TOKEN,
-        "bos_token": BOS_TOKEN,
-        "eos_token": EOS_TOKEN,
-        "unk_token": UNK_TOKEN,
-    }
-    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    (directory / "special_tokens_map.json").write_text(json.dumps(dict(special), indent=2) + "\n")
 
 
 # tokenizer_config.json classes that mean "the pipeline is the one in tokenizer.json".

@@ -241,7 +241,12 @@ def greedy_eval(
     max_new_tokens: int,
     batch_size: int = EVAL_BATCH_SIZE,
 ) -> EvalResult:
-    """Greedy decoding of every prompt (batched, KV cache), scored by `reward_fn`."""
+    """Greedy decoding of every prompt (batched, KV cache), scored by `reward_fn`.
+
+    Its `pass_rate` is also the learner's `eval/pass_rate`. It takes the reward function
+    (`rewards.make_reward_fn(task_config)`) rather than the task, so a custom `task.reward_fn` is
+    honoured in eval exactly as in rollouts.
+    """
     responses: list[str] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
@@ -249,26 +254,6 @@ def greedy_eval(
             model, tokenizer, chunk, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0
         )
     return score(reward_fn, prompts, responses, repeats=1)
-
-
-def greedy_pass_rate(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    reward_fn: RewardFn,
-    prompts: list[Prompt],
-    *,
-    max_new_tokens: int,
-    batch_size: int = EVAL_BATCH_SIZE,
-) -> float:
-    """The learner's `eval/pass_rate`: fraction of prompts whose greedy response earns reward 1.
-
-    Takes the reward function (`rewards.make_reward_fn(task_config)`) rather than the task, so a
-    custom `task.reward_fn` is honoured in eval exactly as in rollouts.
-    """
-    result = greedy_eval(
-        model, tokenizer, reward_fn, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size
-    )
-    return result.pass_rate
 
 
 def sampled_reward_mean(

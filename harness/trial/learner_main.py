@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.models.factory import build_model_dir
 from harness.models.tokenizer import load_tokenizer
-from harness.models.warm_start import greedy_pass_rate
+from harness.models.warm_start import greedy_eval
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
 from learner.distributed import init_distributed, shutdown
@@ -40,9 +42,10 @@ def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
         was_training = model.training
         model.eval()
         try:
-            return greedy_pass_rate(
+            result = greedy_eval(
                 model, tokenizer, reward_fn, prompts, max_new_tokens=cfg.generation.max_new_tokens
             )
+            return result.pass_rate
         finally:
             model.train(was_training)
 
@@ -57,6 +60,27 @@ class _RankZeroOnly:
 
     def __call__(self, *_: object) -> Any:
         raise RuntimeError("only rank 0 evaluates")
+
+
+# Fault injection for tests only: the learner process exits abruptly (os._exit, no cleanup, as a
+# SIGKILL would leave it) right after logging step N, i.e. after publishing version N and, unless
+# N is a checkpoint step, before committing it. Never set outside tests.
+FAULT_EXIT_AFTER_STEP_ENV = "HARNESS_FAULT_LEARNER_EXIT_AFTER_STEP"
+FAULT_EXIT_CODE = 86
+
+
+def _fault_injection() -> Callable[[int, dict[str, float]], None] | None:
+    raw = os.environ.get(FAULT_EXIT_AFTER_STEP_ENV)
+    if not raw:
+        return None
+    exit_after = int(raw)
+
+    def on_step(step: int, _metrics: dict[str, float]) -> None:
+        if step == exit_after:
+            print(f"fault injection: exiting after step {step}", flush=True)
+            os._exit(FAULT_EXIT_CODE)
+
+    return on_step
 
 
 def learner_task(
@@ -110,6 +134,7 @@ def run_learner_component(
             weights=weights,
             evaluate=evaluate,
             resume=resume,
+            on_step=_fault_injection() if dist.is_main else None,
             dist=dist,
         )
     if not dist.is_main:

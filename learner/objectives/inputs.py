@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -13,22 +13,6 @@ from learner.kl import kl_from_log_ratio
 from learner.masking import aggregate_padded
 
 Stats = dict[str, float]
-
-
-class PolicyLoss(Protocol):
-    """The shape of every policy objective: (tensors..., options) -> (loss, stats)."""
-
-    def __call__(
-        self,
-        logprobs: Tensor,
-        old_logprobs: Tensor,
-        advantages: Tensor,
-        mask: Tensor,
-        options: ObjectiveOptions,
-        *,
-        is_weights: Tensor | None = None,
-        ref_logprobs: Tensor | None = None,
-    ) -> tuple[Tensor, Stats]: ...
 
 
 @dataclass(frozen=True)
@@ -60,6 +44,41 @@ def prepare(
     mask = mask.bool()
     log_ratio = torch.where(mask, logprobs.float() - old_logprobs.detach().float(), 0.0)
     return PolicyBatch(logprobs, log_ratio, mask, mask.sum(-1), is_weights, ref_logprobs)
+
+
+BatchObjective = Callable[[PolicyBatch, Tensor, ObjectiveOptions], tuple[Tensor, Stats]]
+
+
+class PolicyLoss:
+    """The shape of every policy objective: (tensors..., options) -> (loss, stats).
+
+    Made by decorating the objective's core, a function of the checked `PolicyBatch`, so that
+    the call signature, the shape checks and l_t (`prepare`) are written once for all objectives.
+    """
+
+    __name__: str
+
+    def __init__(self, core: BatchObjective) -> None:
+        self.core = core
+        self.__name__ = core.__name__
+        self.__doc__ = core.__doc__
+
+    def __repr__(self) -> str:
+        return f"PolicyLoss({self.__name__})"
+
+    def __call__(
+        self,
+        logprobs: Tensor,
+        old_logprobs: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        options: ObjectiveOptions,
+        *,
+        is_weights: Tensor | None = None,
+        ref_logprobs: Tensor | None = None,
+    ) -> tuple[Tensor, Stats]:
+        batch = prepare(logprobs, old_logprobs, mask, is_weights, ref_logprobs)
+        return self.core(batch, advantages, options)
 
 
 def masked_constant(x: Tensor, mask: Tensor, name: str) -> Tensor:

@@ -1,8 +1,9 @@
 """The four policy objectives: GSPO, GSPO-token, GRPO and PPO, as pure functions of tensors.
 
 Each is `(logprobs, old_logprobs, advantages, mask, options, *, is_weights, ref_logprobs) ->
-(loss, stats)` (`PolicyLoss`); `options` (`learner.arms.ObjectiveOptions`) carries the clip
-range, aggregation and KL settings, and the arm registry declares each objective's defaults.
+(loss, stats)`: a `PolicyLoss` made from a core that receives the checked `PolicyBatch`.
+`options` (`learner.arms.ObjectiveOptions`) carries the clip range, aggregation and KL settings,
+and the arm registry declares each objective's defaults.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from learner.kl import LOG_RATIO_CLAMP
 from learner.masking import aggregate_padded, check_aggregation, masked_mean
 from learner.objectives.inputs import (
     PolicyBatch,
+    PolicyLoss,
     Stats,
     kl_ref_term,
     masked_constant,
-    prepare,
 )
 from learner.objectives.stats import ClipUnits, policy_stats
 from learner.objectives.surrogate import clipped_surrogate
@@ -34,15 +35,9 @@ def _sequence_aggregation(options: ObjectiveOptions) -> ObjectiveOptions:
     return replace(options, agg="seq-mean-token-mean", max_len=None)
 
 
+@PolicyLoss
 def gspo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    options: ObjectiveOptions,
-    *,
-    is_weights: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
     """GSPO: sequence-level, length-normalised importance ratio (Zheng et al. 2025, eq. 5-7).
 
@@ -55,7 +50,6 @@ def gspo_loss(
     sequence (clip_frac weights each by |y_i|); ratio_mean/min/max are over non-empty sequences.
     """
     options = _sequence_aggregation(options)
-    batch = prepare(logprobs, old_logprobs, mask, is_weights, ref_logprobs)
     lengths = batch.lengths
     if advantages.shape != lengths.shape:
         raise ValueError(f"gspo_loss needs advantages [B]; got {tuple(advantages.shape)}")
@@ -66,8 +60,9 @@ def gspo_loss(
     pg_loss, seq_ratio, clipped = clipped_surrogate(
         seq_log_ratio, seq_adv, options.eps_low, options.eps_high
     )
-    if is_weights is not None:
-        pg_loss = pg_loss * masked_mean(is_weights.detach().float(), batch.mask, dim=-1)  # (B,)
+    if batch.is_weights is not None:
+        weights = batch.is_weights.detach().float()
+        pg_loss = pg_loss * masked_mean(weights, batch.mask, dim=-1)  # (B,)
     loss = pg_loss.sum() / nonempty.sum().clamp_min(1)
     kl_term, kl_ref = kl_ref_term(batch, options)
     if kl_term is not None:
@@ -108,15 +103,9 @@ def _token_objective(
     return loss, stats
 
 
+@PolicyLoss
 def gspo_token_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    options: ObjectiveOptions,
-    *,
-    is_weights: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
     """GSPO-token: per-token advantages with GSPO's sequence ratio (Zheng et al. 2025, eq. 13-14).
 
@@ -129,7 +118,6 @@ def gspo_token_loss(
     its own weight rather than the sequence mean.
     """
     options = _sequence_aggregation(options)
-    batch = prepare(logprobs, old_logprobs, mask, is_weights, ref_logprobs)
     log_ratio, mask = batch.log_ratio, batch.mask
     clamped = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     seq_log_ratio = clamped.sum(-1) / batch.lengths.clamp_min(1)  # (B,)  sg[log s_i]
@@ -142,15 +130,9 @@ def gspo_token_loss(
     )
 
 
+@PolicyLoss
 def grpo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    options: ObjectiveOptions,
-    *,
-    is_weights: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
     """GRPO: per-token ratio and clip, group-relative advantages (Shao et al. 2024, eq. 3).
 
@@ -161,19 +143,12 @@ def grpo_loss(
     Dr. GRPO's `seq-mean-token-sum-norm`). eps_high > eps_low is DAPO's clip-higher.
     advantages [B] or [B, T].
     """
-    batch = prepare(logprobs, old_logprobs, mask, is_weights, ref_logprobs)
     return _token_objective(batch, batch.log_ratio, advantages, options, seq_log_ratio=None)
 
 
+@PolicyLoss
 def ppo_loss(
-    logprobs: Tensor,
-    old_logprobs: Tensor,
-    advantages: Tensor,
-    mask: Tensor,
-    options: ObjectiveOptions,
-    *,
-    is_weights: Tensor | None = None,
-    ref_logprobs: Tensor | None = None,
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
     """PPO policy loss with per-token advantages [B, T] from GAE (Schulman et al. 2017, eq. 7).
 
@@ -181,9 +156,6 @@ def ppo_loss(
     registry gives PPO `token-mean` over the batch (CleanRL; PPO as usually run for LLMs).
     Whiten the advantages beforehand (`whiten`).
     """
-    if advantages.shape != mask.shape:
+    if advantages.shape != batch.mask.shape:
         raise ValueError(f"ppo_loss needs per-token advantages [B, T]; got {advantages.shape}")
-    return grpo_loss(
-        logprobs, old_logprobs, advantages, mask, options,
-        is_weights=is_weights, ref_logprobs=ref_logprobs,
-    )  # fmt: skip
+    return _token_objective(batch, batch.log_ratio, advantages, options, seq_log_ratio=None)

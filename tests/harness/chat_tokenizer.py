@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import string
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from harness.models.tokenizer import char_level_backend
 
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -29,11 +30,8 @@ CHATML_TEMPLATE = (
 def build_chat_tokenizer(model_max_length: int = 128) -> PreTrainedTokenizerFast:
     """ChatML tokenizer: pad `<|endoftext|>` (id 0), `<|im_start|>` (1), EOS `<|im_end|>` (2)."""
     tokens = [PAD, IM_START, IM_END, UNK, *dict.fromkeys(CHARACTERS)]
-    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=UNK))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+        tokenizer_object=char_level_backend({t: i for i, t in enumerate(tokens)}, UNK),
         pad_token=PAD,
         eos_token=IM_END,
         unk_token=UNK,

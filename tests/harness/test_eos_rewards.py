@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
@@ -26,6 +25,7 @@ from harness.tasks.factory import make_rendered_task
 from harness.trial.generator_main import GeneratorStats, GroupMaker
 from harness.trial.learner_main import make_evaluator
 from tests.harness.chat_tokenizer import build_chat_tokenizer
+from tests.tiny_models import TinyArch, TokenIds, tiny_model
 
 MAX_SEQ_LEN = 64
 SFT_STEPS = 250
@@ -51,21 +51,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     prompts = [task.train_prompt(0, 0), *task.eval_prompts(1)]
     assert prompts[0].text.startswith("<|im_start|>user\n")
 
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(
-        Qwen2Config(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=MAX_SEQ_LEN,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            tie_word_embeddings=False,
-        )
-    )
+    ids = TokenIds(len(tokenizer), tokenizer.pad_token_id, tokenizer.eos_token_id, bos=None)
+    model = tiny_model(TinyArch(max_positions=MAX_SEQ_LEN, tie_embeddings=False), ids, seed=0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     input_ids, mask, labels = sft_batch(tokenizer, prompts, MAX_SEQ_LEN)
     with pinned_threads(1):

@@ -109,6 +109,13 @@ def test_temperature_divides_logits_before_softmax() -> None:
 def test_behavior_logprobs_match_a_plain_forward(
     generator: TorchGenerator, model_dir: Path, temperature: float, top_p: float
 ) -> None:
+    check_behavior_logprobs(generator, model_dir, temperature, top_p)
+
+
+def check_behavior_logprobs(
+    generator: Generator, model_dir: Path, temperature: float, top_p: float
+) -> None:
+    """Behaviour log-probs of any backend agree with a plain float32 forward within TOL."""
     generator.sampling = SamplingSettings(temperature, top_p)
     requests = requests_for(step=0)
     results = generator.generate(requests)
@@ -155,6 +162,11 @@ def check_finish_reasons(results: list[GenResult], requests: list[GenRequest]) -
 
 
 def test_finish_reasons_and_max_new_tokens(generator: TorchGenerator) -> None:
+    check_both_finish_reasons(generator)
+
+
+def check_both_finish_reasons(generator: Generator) -> None:
+    """A long budget ends some samples at EOS, a 3-token one cuts others at the length."""
     requests = [
         GenRequest([5, 6], [sample_seed(1, 0, 0, j) for j in range(16)], max_new_tokens=40),
         GenRequest([7, 8, 9], [sample_seed(1, 0, 1, j) for j in range(8)], max_new_tokens=3),

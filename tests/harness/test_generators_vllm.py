@@ -17,17 +17,16 @@ from buffer.weight_store import WeightStore
 from harness.config import GenerationConfig
 from harness.generators import (
     Generator,
-    GenRequest,
     SamplingSettings,
     make_generator,
-    sample_seed,
 )
 from harness.generators.sampling import max_logprob_gap
 from harness.generators.vllm_backend import VLLMGenerator
 from harness.models.tokenizer import EOS_ID
 from tests.harness.test_generators_torch import (
     TOL,
-    check_finish_reasons,
+    check_behavior_logprobs,
+    check_both_finish_reasons,
     load_reference,
     perturbed_state,
     requests_for,
@@ -61,11 +60,7 @@ def generator(engine: VLLMGenerator) -> Iterator[VLLMGenerator]:
 def test_behavior_logprobs_match_a_plain_forward(
     generator: VLLMGenerator, model_dir: Path, temperature: float, top_p: float
 ) -> None:
-    generator.sampling = SamplingSettings(temperature, top_p)
-    requests = requests_for(step=0)
-    results = generator.generate(requests)
-    gap = max_logprob_gap(load_reference(model_dir), requests, results, generator.sampling)
-    assert gap < TOL
+    check_behavior_logprobs(generator, model_dir, temperature, top_p)
 
 
 def test_seeds_fix_the_samples(generator: VLLMGenerator) -> None:
@@ -79,12 +74,7 @@ def test_seeds_fix_the_samples(generator: VLLMGenerator) -> None:
 
 
 def test_finish_reasons_and_max_new_tokens(generator: VLLMGenerator) -> None:
-    requests = [
-        GenRequest([5, 6], [sample_seed(1, 0, 0, j) for j in range(16)], max_new_tokens=40),
-        GenRequest([7, 8, 9], [sample_seed(1, 0, 1, j) for j in range(8)], max_new_tokens=3),
-    ]
-    results = generator.generate(requests)
-    assert check_finish_reasons(results, requests) == {"stop", "length"}
+    check_both_finish_reasons(generator)
 
 
 def test_greedy_agrees_with_the_torch_backend(generator: VLLMGenerator, model_dir: Path) -> None:

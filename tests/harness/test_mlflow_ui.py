@@ -24,6 +24,7 @@ from rich.console import Console
 
 from harness.experiment.mlflow_ui import UiError, serve_ui, start_ui, stop_ui
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
+from tests.harness.trial_helpers import process_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -102,7 +103,7 @@ def test_sigterm_stops_a_real_harness_ui_and_its_server(out_dir: Path) -> None:
         assert ui.wait(timeout=30) == 0
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-        assert not _alive(server_pid)
+        assert not process_alive(server_pid)
     finally:
         if ui.poll() is None:
             ui.kill()
@@ -122,11 +123,3 @@ def _listener_pid(port: int) -> int | None:
             if b"mlflow" in argv and b"server" in argv and str(port).encode() in argv:
                 return int(status.parent.name)
     return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"

@@ -24,7 +24,6 @@ from harness.models.warm_start import (
     IGNORE_INDEX,
     generate_responses,
     greedy_eval,
-    greedy_pass_rate,
     lr_factor,
     sft_batch,
 )
@@ -200,7 +199,7 @@ def test_batched_greedy_equals_one_by_one(tmp_path: Path) -> None:
         model, tokenizer, integer_match, eval_prompts, max_new_tokens=4, batch_size=3
     )
     assert result.n == 8 and 0.0 <= result.pass_rate <= 1.0
-    rate = greedy_pass_rate(model, tokenizer, integer_match, eval_prompts, max_new_tokens=4)
-    assert rate == result.pass_rate  # batch size changes nothing
+    default_batch = greedy_eval(model, tokenizer, integer_match, eval_prompts, max_new_tokens=4)
+    assert default_batch.pass_rate == result.pass_rate  # batch size changes nothing
     perfect = greedy_eval(model, tokenizer, lambda r, t: (1.0, {}), eval_prompts, max_new_tokens=4)
     assert perfect.pass_rate == 1.0 and perfect.reward_mean == 1.0

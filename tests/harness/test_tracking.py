@@ -14,9 +14,9 @@ from mlflow import MlflowClient
 
 from contract.layout import PARENT_TAG
 from harness.config import ExperimentConfig
-from harness.experiment.grid import classify_trials, expand_trials
+from harness.experiment.grid import PlannedTrial, classify_trials, expand_trials
 from harness.experiment.mlflow_ui import UiError, ui_command, ui_store
-from harness.experiment.run_registry import REGISTRY_FILE, store_key
+from harness.experiment.run_registry import REGISTRY_FILE, ChildRecord, store_key
 from harness.experiment.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
 from harness.experiment.trial_runs import (
     flatten_params,
@@ -237,17 +237,29 @@ def test_relaunch_reuses_children_under_the_new_parent(logged: Logged) -> None:
     assert len(history) == STEPS  # not logged twice
 
 
-def test_rerun_of_failed_trial_replaces_its_child(tmp_path: Path, mlflow_template: Path) -> None:
+def first_attempt(
+    tmp_path: Path, mlflow_template: Path, on_disk: str, ended: str, reason: str
+) -> tuple[MlflowTracker, PlannedTrial, ChildRecord | None]:
+    """A one-trial run whose first attempt left status `on_disk` and was tracked as `ended`.
+
+    Returns the tracker, the trial and the child run the registry holds for it.
+    """
     cfg = single_trial_config(tmp_path)
     out_dir = tmp_path / cfg.name
     (spec,) = expand_trials(cfg, out_dir)
-    write_trial(spec.trial_dir, spec.arm, spec.seed, status="failed")
+    write_trial(spec.trial_dir, spec.arm, spec.seed, status=on_disk)
     fresh_sqlite_store(out_dir, mlflow_template)
     tracker = MlflowTracker.open(cfg, out_dir)
     tracker.start_experiment(cfg, tmp_path / "x.yaml", [], None)
     tracker.trial_started(spec, resume=False)
-    tracker.trial_ended(spec, "failed", "exit code 3")
-    first = tracker.registry.child(spec.trial_name)
+    tracker.trial_ended(spec, ended, reason)
+    return tracker, spec, tracker.registry.child(spec.trial_name)
+
+
+def test_rerun_of_failed_trial_replaces_its_child(tmp_path: Path, mlflow_template: Path) -> None:
+    tracker, spec, first = first_attempt(
+        tmp_path, mlflow_template, "failed", "failed", "exit code 3"
+    )
     assert first is not None and first.metrics_logged
     run = tracker.client.get_run(first.run_id)
     assert (run.info.status, run.data.tags["status"]) == ("FAILED", "failed")
@@ -269,16 +281,9 @@ def test_rerun_of_failed_trial_replaces_its_child(tmp_path: Path, mlflow_templat
 def test_interrupted_trial_keeps_its_child_for_the_resume(
     tmp_path: Path, mlflow_template: Path
 ) -> None:
-    cfg = single_trial_config(tmp_path)
-    out_dir = tmp_path / cfg.name
-    (spec,) = expand_trials(cfg, out_dir)
-    write_trial(spec.trial_dir, spec.arm, spec.seed, status="running")
-    fresh_sqlite_store(out_dir, mlflow_template)
-    tracker = MlflowTracker.open(cfg, out_dir)
-    tracker.start_experiment(cfg, tmp_path / "x.yaml", [], None)
-    tracker.trial_started(spec, resume=False)
-    tracker.trial_ended(spec, "interrupted", "stopped")
-    first = tracker.registry.child(spec.trial_name)
+    tracker, spec, first = first_attempt(
+        tmp_path, mlflow_template, "running", "interrupted", "stopped"
+    )
     assert first is not None and not first.metrics_logged
     assert tracker.client.get_run(first.run_id).info.status == "KILLED"
     assert tracker.client.get_metric_history(first.run_id, "reward/mean") == []

@@ -2,20 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from buffer.server import EmbeddedRedis
+from buffer.streams import TicketDispenser, connect
 from contract import metrics as M
+from contract.layout import TrialPaths
+from contract.record import read_trial_record
+from harness.experiment.grid import PlannedTrial, classify_trial
+from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
 from learner.checkpoint import CheckpointStore
 from tests.harness.trial_helpers import (
     REPO,
+    assert_same_metrics,
     deterministic_columns,
     kill_component,
     metrics,
+    process_alive,
     run_trial,
     status,
     trial_command,
@@ -69,11 +79,7 @@ def test_fixed_mode_is_bitwise_reproducible_with_vllm(tmp_path: Path) -> None:
     for out in (first, second):
         result = run_trial(out, "grpo", steps=3, lag=1, backend="vllm")
         assert result.returncode == 0, result.stdout + result.stderr
-    pd.testing.assert_frame_equal(
-        deterministic_columns(metrics(first)),
-        deterministic_columns(metrics(second)),
-        check_exact=True,
-    )
+    assert_same_metrics(first, second)
 
 
 def test_learner_killed_then_resumed_matches_uninterrupted(
@@ -91,11 +97,7 @@ def test_learner_killed_then_resumed_matches_uninterrupted(
     assert status(tmp_path) == "failed"
     resumed = run_trial(tmp_path, "grpo", steps=STEPS, lag=1, resume=True)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    pd.testing.assert_frame_equal(
-        deterministic_columns(metrics(reference_run)),
-        deterministic_columns(metrics(tmp_path)),
-        check_exact=True,
-    )
+    assert_same_metrics(reference_run, tmp_path)
 
 
 def test_generator_killed_trial_finishes_training_each_group_once(tmp_path: Path) -> None:
@@ -127,3 +129,88 @@ def test_bounded_mode_never_exceeds_max_lag(tmp_path: Path) -> None:
     frame = metrics(tmp_path).loc[1:]
     assert (frame[M.STALENESS_MAX] <= 1).all()
     assert np.isfinite(frame[M.PERF_LEARNER_WAIT_FRAC]).all()
+
+
+def _run_with_learner_exit_after(out: Path, step: int, extra: tuple[str, ...] = ()) -> None:
+    """A trial whose learner dies abruptly right after logging `step` (the learner's
+    fault-injection hook, harness.trial.learner_main): it fails, resumably."""
+    env = {**os.environ, FAULT_EXIT_AFTER_STEP_ENV: str(step)}
+    result = subprocess.run(
+        trial_command(out, "grpo", steps=STEPS, lag=1, extra=extra),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert status(out) == "failed"
+    assert f"fault injection: exiting after step {step}" in (out / "logs/learner.log").read_text()
+
+
+def _assert_resumes_to_reference(out: Path, reference: Path, extra: tuple[str, ...] = ()) -> None:
+    resumed = run_trial(out, "grpo", steps=STEPS, lag=1, resume=True, extra=extra)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert status(out) == "completed"
+    assert_same_metrics(reference, out)
+
+
+def test_resume_after_a_kill_before_all_groups_were_pushed(
+    reference_run: Path, tmp_path: Path
+) -> None:
+    """The teardown's stop flag must not outlive it: at lag 1 a learner dead after publishing v1
+    left tickets 12..15 (batch 3, version 2) unadmitted, so the resumed generators must go on.
+    (The stop flag used to survive, every generator exited at once, the learner starved.)"""
+    every_step = ("learner.checkpoint_every=1",)  # resume from the step-1 checkpoint
+    _run_with_learner_exit_after(tmp_path, 1, every_step)
+    assert CheckpointStore(tmp_path / "checkpoints").latest_step() == 1
+    stopped, issued = _saved_run_state(tmp_path)
+    assert stopped and issued <= 12 < STEPS * 4  # the teardown's stop; batch 3 never started
+    _assert_resumes_to_reference(tmp_path, reference_run, every_step)
+
+
+def test_resume_of_a_learner_killed_after_publishing_before_any_checkpoint(
+    reference_run: Path, tmp_path: Path
+) -> None:
+    """Killed after publishing v1, before the step-2 checkpoint: the resume restarts from the
+    initial weights, accepts the versions already published (bitwise the ones it redoes) and
+    retrains the uncommitted groups. (It used to fail publishing v0 below the current v1.)"""
+    _run_with_learner_exit_after(tmp_path, 1)
+    assert CheckpointStore(tmp_path / "checkpoints").latest_step() is None
+    _assert_resumes_to_reference(tmp_path, reference_run)
+
+
+def test_supervisor_sigkill_leaves_a_resumable_running_trial(
+    reference_run: Path, tmp_path: Path
+) -> None:
+    """A SIGKILLed supervisor cannot write its record: trial.json stays `running`, which
+    `harness run` resumes, no component outlives it, and `--resume` overwrites the status."""
+    process = subprocess.Popen(
+        trial_command(tmp_path, "grpo", steps=STEPS, lag=1),
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_step(tmp_path, 2, process)
+    pids = [int(p.read_text()) for p in (tmp_path / "logs").glob("*.pid")]
+    process.kill()
+    process.wait(timeout=30)
+    assert status(tmp_path) == "running"
+    planned = PlannedTrial("grpo", "grpo", 0, 1, "fixed", tmp_path.name, tmp_path)
+    assert classify_trial(planned).state == "resume"
+    deadline = time.monotonic() + 30
+    while any(process_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(process_alive(pid) for pid in pids)  # PR_SET_PDEATHSIG: no orphaned component
+    _assert_resumes_to_reference(tmp_path, reference_run)
+    assert read_trial_record(tmp_path).resumed
+
+
+def _saved_run_state(out: Path) -> tuple[bool, int]:
+    """(stop flag set, tickets issued) in the run state a finished trial left in its Redis AOF."""
+    with EmbeddedRedis(TrialPaths(out).redis_dir) as server, connect(server.url) as client:
+        [stop_key] = client.keys("gspo:*:stop")
+        run_id = stop_key.decode().removeprefix("gspo:").removesuffix(":stop")
+        tickets = TicketDispenser(client, run_id)
+        return tickets.stop_requested(), tickets.issued()

@@ -93,3 +93,21 @@ def kill_component(out: Path, name: str) -> int:
     pid = int((out / "logs" / f"{name}.pid").read_text())
     os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def assert_same_metrics(first: Path, second: Path) -> None:
+    """The two trials logged bitwise-identical metrics, timing-dependent columns aside."""
+    pd.testing.assert_frame_equal(
+        deterministic_columns(metrics(first)),
+        deterministic_columns(metrics(second)),
+        check_exact=True,
+    )
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie, exited but not yet reaped, counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

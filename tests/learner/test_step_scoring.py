@@ -14,7 +14,6 @@ from transformers import (
     AutoModelForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
-    Qwen2Config,
     Qwen2ForCausalLM,
 )
 
@@ -26,7 +25,8 @@ from learner.forward import policy_logprobs, scoring
 from learner.models import build_step_models
 from learner.sampling_dist import LOGPROB_FLOOR, SamplingSettings
 from learner.step import train_on_batch
-from tests.learner.tiny import VOCAB, random_groups, save_tiny_policy
+from tests.learner.tiny import random_groups, save_tiny_policy
+from tests.tiny_models import RAW_IDS, TinyArch, tiny_config
 
 GROUP_SIZE = 4
 OBJECTIVES: tuple[str, ...] = get_args(Objective)
@@ -35,32 +35,23 @@ OBJECTIVES: tuple[str, ...] = get_args(Objective)
 def save_with_dropout(directory: Path, arch: str) -> Path:
     """A tiny policy whose dropout is 0.5 everywhere it can be set."""
     torch.manual_seed(0)
+    dims = TinyArch(tie_embeddings=False)  # both architectures: the tests' dense policy sizes
     if arch == "qwen2":  # attention dropout: a float the attention module reads in train mode
-        config = Qwen2Config(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=64,
-            attention_dropout=0.5,
-            pad_token_id=0,
-            eos_token_id=1,
-        )
-        model: nn.Module = Qwen2ForCausalLM(config)
+        qwen2 = tiny_config(dims, RAW_IDS)
+        qwen2.attention_dropout = 0.5
+        model: nn.Module = Qwen2ForCausalLM(qwen2)
     else:  # GPT-2: nn.Dropout modules on embeddings, attention and residuals
         config = GPT2Config(
-            vocab_size=VOCAB,
-            n_embd=32,
-            n_layer=1,
-            n_head=2,
-            n_positions=64,
+            vocab_size=RAW_IDS.vocab_size,
+            n_embd=dims.hidden,
+            n_layer=dims.layers,
+            n_head=dims.heads,
+            n_positions=dims.max_positions,
             resid_pdrop=0.5,
             embd_pdrop=0.5,
             attn_pdrop=0.5,
-            bos_token_id=2,
-            eos_token_id=1,
+            bos_token_id=RAW_IDS.bos,
+            eos_token_id=RAW_IDS.eos,
         )
         model = GPT2LMHeadModel(config)
     model.save_pretrained(directory)
