@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from contract.trial import StalenessMode
 
@@ -48,6 +48,16 @@ class BufferConfig(BaseModel):
         description="AOF policy of the embedded Redis: `always` loses nothing on a crash, "
         "`everysec` at most one second, `off` disables AOF. No effect on a remote Redis.",
     )
+
+    @field_validator("appendfsync", mode="before")
+    @classmethod
+    def _yaml_off_is_a_policy(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `off` (in a file or in `buffer.appendfsync=off`) as False."""
+        if value is False:
+            return "off"
+        if value is True:
+            raise ValueError("`on`/`true` is not an AOF policy; use always, everysec or off")
+        return value
 
 
 class StalenessConfig(BaseModel):

@@ -111,3 +111,15 @@ def test_one_eval_size_and_the_old_learner_field_names_its_new_place(tmp_path: P
     assert load_config(REPO / "configs/quickstart.yaml", ["task.eval_size=16"]).task.eval_size == 16
     with pytest.raises(ConfigError, match=r"learner\.eval_size is now task\.eval_size"):
         load_config(write(tmp_path, MINIMAL), ["learner.eval_size=16"])
+
+
+@pytest.mark.parametrize("text", ["off", "'off'", "false"])
+def test_appendfsync_off_survives_yaml_booleans(text: str) -> None:
+    # YAML 1.1 reads a bare `off` as False; the policy is still `off` (it used to be refused).
+    cfg = load_config(REPO / "configs/quickstart.yaml", [f"buffer.appendfsync={text}"])
+    assert cfg.buffer.appendfsync == "off"
+
+
+def test_appendfsync_on_is_refused_naming_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"buffer\.appendfsync: .*use always, everysec or off"):
+        load_config(REPO / "configs/quickstart.yaml", ["buffer.appendfsync=on"])
