@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.config import ReportConfig
+from analysis.correction_document import correction_blocks
 from analysis.render import Block, wide_table
 
 METHODS = [
@@ -250,5 +251,6 @@ def report_blocks(
     if len(scores) and scores["scored"].any():
         blocks += _score_blocks(summary, figs)
     blocks += _stability_blocks(summary, figs, config)
+    blocks += correction_blocks(summary, figs)
     blocks += [Block("h2", "Methods"), Block("list", items=METHODS)]
     return blocks

@@ -15,6 +15,8 @@ import pandas as pd
 from analysis import figures
 from analysis.comparisons import poi_rows, power_rows, significance_rows
 from analysis.config import ReportConfig
+from analysis.correction_figures import corrections_figure
+from analysis.corrections import correction_rows
 from analysis.curves import aggregate_curves, bin_steps, curve_rows, trial_curves
 from analysis.document import report_blocks
 from analysis.loading import Experiment, load_experiment
@@ -106,6 +108,7 @@ def analyse(experiment: Experiment, config: ReportConfig) -> Analysis:
         rows += power_rows(scored, config.alpha, config.target_power)
     rows += stability_rows(done, spec, config.alpha, config.pass_threshold)
     rows += staleness_rows(done, scored, spec)
+    rows += correction_rows(experiment.metrics, scores, spec)
     rows += curve_rows(agg, "learning_curve")
     for label, (agg_d, _) in diagnostics.items():
         rows += curve_rows(agg_d, f"curve_{label.replace(' ', '_').lower()}")
@@ -125,6 +128,7 @@ def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dic
         "probability_of_improvement": figures.poi_figure(analysis.summary, config.confidence),
         "staleness_tradeoff": figures.staleness_figure(analysis.summary, analysis.frontier, colors),
         "clip_kl": figures.diagnostics_figure(analysis.diagnostics, colors),
+        "corrections": corrections_figure(analysis.summary, colors, config.confidence),
         "time_to_threshold": (
             figures.survival_figure(done, config.pass_threshold, colors) if len(done) else None
         ),

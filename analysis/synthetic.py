@@ -39,6 +39,12 @@ class SyntheticSpec:
     diverged: tuple[tuple[str, int, int, int], ...] = ()  # (arm, seed, lag, step it diverged)
     failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
     mode: StalenessMode = "fixed"
+    # Also write the off-policy, staleness-accounting and MoE columns (analysis.corrections),
+    # with known effects: ESS falls and drops rise with lag; dropped groups score lower and run
+    # longer than trained ones, so the trained-vs-read bias is positive on reward, negative on
+    # length. Off by default: its own rng, so the other columns do not change with it.
+    corrections: bool = False
+    prompts_per_step: int = 8  # trained groups per step, for the per-step bias metrics
 
 
 def _pass_rate(
@@ -54,6 +60,46 @@ def _pass_rate(
     top = spec.skill[arm] - spec.lag_penalty * lag + offset
     curve = 0.1 + (top - 0.1) * (1 - np.exp(-steps / (spec.steps / 4)))
     return np.clip(curve + rng.normal(0, spec.noise_sd, len(steps)), 0, 1)
+
+
+def correction_columns(
+    spec: SyntheticSpec, arm: str, seed: int, lag: int, reward: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per-step correction metrics consistent with the contract's definitions (bias_* included)."""
+    rng = np.random.default_rng(zlib.crc32(f"corrections/{arm}/{seed}/{lag}".encode()))
+    n, p = len(reward), spec.prompts_per_step
+    dropped = rng.poisson(0.4 * lag, n).astype(float) if spec.mode == "bounded" else np.zeros(n)
+    length = 120 - 60 * reward + rng.normal(0, 3, n)
+    some = dropped > 0
+    dropped_reward = np.where(some, np.clip(reward - 0.2, 0, 1), np.nan)
+    dropped_length = np.where(some, length + 40, np.nan)
+    generation = 0.5 * rng.uniform(0.9, 1.1, n)
+    queue = 0.2 * lag * rng.uniform(0.9, 1.1, n)
+    return {
+        mn.LENGTH_MEAN: length,
+        mn.OFFPOLICY_ESS_FRAC: np.clip(1 / (1 + 0.1 * lag) + rng.normal(0, 0.01, n), 0, 1),
+        mn.OFFPOLICY_WEIGHT_MEAN: 1 + rng.normal(0, 0.01, n),
+        mn.OFFPOLICY_MASKED_FRAC: np.full(n, 0.01 * lag),
+        mn.OFFPOLICY_TRUNC_FRAC: np.full(n, 0.02 * lag),
+        mn.STALENESS_MEAN: np.full(n, float(lag)),
+        mn.STALENESS_GENERATION_S: generation,
+        mn.STALENESS_QUEUE_S: queue,
+        mn.STALENESS_AGE_S: generation + queue,
+        mn.STALENESS_DROPPED: dropped,
+        mn.STALENESS_DROPPED_REWARD_MEAN: dropped_reward,
+        mn.STALENESS_DROPPED_LENGTH_MEAN: dropped_length,
+        # trained mean - mean over the P trained and d dropped groups = d (T - D) / (P + d)
+        mn.STALENESS_BIAS_REWARD: np.where(some, dropped * (reward - dropped_reward), 0)
+        / (p + dropped),
+        mn.STALENESS_BIAS_LENGTH: np.where(some, dropped * (length - dropped_length), 0)
+        / (p + dropped),
+        mn.STALENESS_KL_BEHAVIOR: np.full(n, np.nan)
+        if lag == 0
+        else 2e-3 * lag * rng.lognormal(0, 0.2, n),
+        mn.MISMATCH_KL_BEHAVIOR: 1e-4 * rng.lognormal(0, 0.2, n),
+        mn.MOE_ROUTING_CHANGE_FRAC: 0.02 + 0.005 * lag + rng.normal(0, 0.002, n),
+        mn.MOE_ROLLOUT_ROUTING_MISMATCH: 0.05 + rng.normal(0, 0.005, n),
+    }
 
 
 def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: int) -> pa.Table:
@@ -80,6 +126,8 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
         mn.PERF_LEARNER_WAIT_FRAC: np.clip(0.5 / (1 + lag) + rng.normal(0, 0.02, len(steps)), 0, 1),
         mn.PERF_GEN_IDLE_FRAC: np.clip(0.4 / (1 + lag) + rng.normal(0, 0.02, len(steps)), 0, 1),
     }
+    if spec.corrections:
+        columns |= correction_columns(spec, arm, seed, lag, columns[mn.REWARD_MEAN])
     return pa.table(
         {
             k: pa.array(v, pa.float64()) if isinstance(v, np.ndarray) else v

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import redis
 
 from buffer.config import BufferConfig
-from buffer.connection import RunKeys
-from buffer.schema import RecordError, RolloutGroup, decode_group
+from buffer.connection import RunKeys, RunStateLostError, lost_state_message
+from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group
 from buffer.telemetry import DEAD_LETTER, DUPLICATE
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,17 @@ class Inbox:
         self.held: dict[str, Delivery] = {}  # read, not yet settled
         self._held_groups: set[str] = set()
 
-    def fetch(self, count: int, block_s: float) -> list[Delivery]:
-        """Up to `count` fresh, checked, non-duplicate deliveries; waits at most ~`block_s`."""
+    def fetch(
+        self,
+        count: int,
+        block_s: float,
+        accept: Callable[[Delivery], str | None] | None = None,
+    ) -> list[Delivery]:
+        """Up to `count` fresh, checked, non-duplicate deliveries; waits at most ~`block_s`.
+
+        `accept` (see `RolloutBuffer.take_batch`) runs on each decoded group *before* duplicate
+        detection, so a refused group cannot make the real group of the same id look like a
+        duplicate of it."""
         try:
             entries = self._read_own_pending(count) or self._claim_idle(count)
             if not entries:
@@ -94,12 +103,10 @@ class Inbox:
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            raise RuntimeError(
-                f"run {self._keys.run_id!r}: the stream {self._keys.stream} or its consumer group "
-                "is gone, so Redis lost this run's state (restarted without AOF, or flushed). "
-                "Use appendfsync everysec/always and restart the trial."
+            raise RunStateLostError(
+                lost_state_message(self._keys.run_id, "its stream or consumer group is gone")
             ) from exc
-        return self._accept(entries)
+        return self._accept(entries, accept)
 
     def release(self, entry_ids: Iterable[str]) -> None:
         """Forget settled entries."""
@@ -113,6 +120,15 @@ class Inbox:
         ids = [d.entry_id for d in deliveries]
         settle(self._client, self._keys, ids, counter=counter)
         self.release(ids)
+
+    def reject(self, deliveries: list[Delivery], reason: str) -> None:
+        """Dead-letter deliveries that decoded but must not be trained (rule or model violations),
+        with the reason; the payload is the re-encoded group, so it can be inspected later."""
+        for delivery in deliveries:
+            producer = delivery.group.generator_id.encode()
+            fields = {b"data": encode_group(delivery.group), b"producer": producer}
+            self._dead_letter(delivery.entry_id, fields, reason)
+        self.release([d.entry_id for d in deliveries])
 
     def _read_own_pending(self, count: int) -> list[Entry]:
         if self._own_cursor is None:
@@ -150,7 +166,9 @@ class Inbox:
         )
         return reply[0][1] if reply else []
 
-    def _accept(self, entries: list[Entry]) -> list[Delivery]:
+    def _accept(
+        self, entries: list[Entry], accept: Callable[[Delivery], str | None] | None
+    ) -> list[Delivery]:
         fresh: list[Delivery] = []
         vanished: list[str] = []
         for raw_id, fields in entries:
@@ -159,9 +177,15 @@ class Inbox:
                 vanished.append(entry_id)
                 continue
             try:
-                fresh.append(self._decode(entry_id, fields))
+                delivery = self._decode(entry_id, fields)
             except RecordError as exc:
                 self._dead_letter(entry_id, fields, str(exc))
+                continue
+            refused = accept(delivery) if accept is not None else None
+            if refused is None:
+                fresh.append(delivery)
+            else:
+                self._dead_letter(entry_id, fields, refused)
         settle(self._client, self._keys, vanished)
         if not fresh:
             return []

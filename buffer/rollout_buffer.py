@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import redis
@@ -38,15 +38,23 @@ from buffer.tickets import request_stop, stop_requested
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BufferFullError", "Delivery", "RolloutBuffer", "TakeResult"]
+__all__ = ["BufferFullError", "Check", "Delivery", "RolloutBuffer", "TakeResult"]
+
+Check = Callable[[Delivery], str | None]
+"""Why a delivered group must not be trained (it is dead-lettered with that reason), or None."""
 
 
 @dataclass(frozen=True)
 class TakeResult:
-    """Bounded mode: the groups to train, and how many stale ones this call dropped."""
+    """Bounded mode: the groups to train, and the stale ones this call dropped (already acked;
+    the learner reads them only to measure what dropping does to the trained distribution)."""
 
     deliveries: list[Delivery]
-    dropped_stale: int
+    dropped: list[Delivery] = field(default_factory=list)
+
+    @property
+    def dropped_stale(self) -> int:
+        return len(self.dropped)
 
 
 @dataclass
@@ -101,12 +109,21 @@ class RolloutBuffer:
     # ---- consumer -----------------------------------------------------------------------------
 
     def take_batch(
-        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
+        self,
+        batch_index: int,
+        n_groups: int,
+        consumer: str,
+        timeout_s: float,
+        *,
+        accept: Check | None = None,
     ) -> list[Delivery]:
         """Fixed mode: exactly the `n_groups` distinct groups of `batch_index`, by prompt index.
 
-        Calling it again for a batch not yet committed returns the same deliveries (a retried
-        step). Raises TimeoutError naming the batch and what arrived if it is not complete in time.
+        `accept(delivery)` returns why a group must not be trained (it goes to the dead letter
+        with that reason) or None; it runs as groups arrive, before a batch is assembled, so a
+        refused group never takes a real group's place. Calling it again for a batch not yet
+        committed returns the same deliveries (a retried step). Raises TimeoutError naming the
+        batch and what arrived if it is not complete in time.
         """
         state = self._state(consumer)
         if batch_index in state.taken:
@@ -118,7 +135,7 @@ class RolloutBuffer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._batch_timeout(state, batch_index, n_groups, timeout_s)
-            for delivery in state.inbox.fetch(n_groups, remaining):
+            for delivery in state.inbox.fetch(n_groups, remaining, accept):
                 self._stash(state, delivery)
         bucket = state.stash.pop(batch_index)
         ordered = sorted(bucket.values(), key=lambda d: (d.group.prompt_index, d.group.group_id))
@@ -135,7 +152,14 @@ class RolloutBuffer:
         return list(chosen)
 
     def take(
-        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
+        self,
+        n_groups: int,
+        learner_version: int,
+        max_lag: int,
+        consumer: str,
+        timeout_s: float,
+        *,
+        accept: Check | None = None,
     ) -> TakeResult:
         """Bounded mode: the next `n_groups` groups in arrival order with lag <= max_lag.
 
@@ -159,14 +183,14 @@ class RolloutBuffer:
                     raise self._take_timeout(
                         len(chosen), n_groups, max_lag, learner_version, timeout_s
                     )
-                state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining))
+                state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining, accept))
         except BaseException:
             state.ready.extendleft(reversed(chosen))  # keep them, in order, for the next call
             raise
         finally:
             if stale:
                 state.inbox.drop(stale, DROPPED_STALE)
-        return TakeResult(chosen, len(stale))
+        return TakeResult(chosen, stale)
 
     def commit(self, deliveries: Iterable[Delivery]) -> None:
         """After the step is committed: mark the groups trained and ack them, in one MULTI."""
@@ -175,6 +199,10 @@ class RolloutBuffer:
             [d.entry_id for d in deliveries],
             trained_group_ids=[d.group.group_id for d in deliveries],
         )
+
+    def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:
+        """Dead-letter taken deliveries that must not be trained (e.g. poison for the model)."""
+        self._state(consumer).inbox.reject(list(deliveries), reason)
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Ack (and delete) entries without marking them trained; prefer `commit`."""

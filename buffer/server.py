@@ -4,6 +4,10 @@ The password is handed to redis-server on stdin (`redis-server -`), never on the
 other local users cannot read it from the process list. The server never outlives us: it is
 stopped on context exit and at interpreter exit (atexit), and on Linux the kernel sends it SIGTERM
 when the process that started it dies (PR_SET_PDEATHSIG), which covers SIGKILL of the parent.
+
+The data directory holds every rollout of the run (AOF) and the log: it is made 0700, and the
+server runs under umask 077 (Redis has no option for the mode of the files it creates), so its
+AOF files and log are 0600; files an older server left more open are tightened at start.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import os
 import secrets
 import shutil
 import signal
@@ -28,13 +33,24 @@ from redis.retry import Retry
 from buffer.config import AppendFsync
 
 _PR_SET_PDEATHSIG = 1
+_PRIVATE_UMASK = 0o077  # files 0600, directories 0700
 
 
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: ask the kernel for SIGTERM when the parent dies."""
+def _prepare_child() -> None:
+    """Runs in the child between fork and exec: private file modes, and ask the kernel for
+    SIGTERM when the parent dies."""
+    os.umask(_PRIVATE_UMASK)
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def make_private(directory: Path) -> None:
+    """chmod `directory` and every directory below it 0700, every file 0600."""
+    directory.chmod(0o700)
+    for path in directory.rglob("*"):
+        if not path.is_symlink():
+            path.chmod(0o700 if path.is_dir() else 0o600)
 
 
 def _free_port() -> int:
@@ -100,6 +116,7 @@ class EmbeddedRedis:
                 "(apt-get install redis-server) or set buffer.redis_url to a running Redis"
             )
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        make_private(self.data_dir)
         fixed_port = self.port is not None
         for _attempt in range(3):  # a free port can be taken between probing and binding
             self.port = self.port if fixed_port else _free_port()
@@ -168,7 +185,7 @@ class EmbeddedRedis:
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads run between fork and exec
+            preexec_fn=_prepare_child,  # noqa: PLW1509 - no threads run between fork and exec
             start_new_session=True,  # a Ctrl-C to our terminal must not kill Redis before us
         )
         assert process.stdin is not None

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
 from buffer.inbox import Delivery
 from buffer.outbox import BufferFullError
-from buffer.rollout_buffer import RolloutBuffer, TakeResult
+from buffer.rollout_buffer import Check, RolloutBuffer, TakeResult
 from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.tickets import TicketDispenser, admission_limit, fixed_policy_version, ticket_batch
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BufferConnectionError",
     "BufferFullError",
+    "Check",
     "Delivery",
     "RecordError",
     "RolloutBuffer",
@@ -90,15 +91,32 @@ class RolloutSource(Protocol):
     """Where the learner takes groups from and settles them (RolloutBuffer)."""
 
     def take_batch(
-        self, batch_index: int, n_groups: int, consumer: str, timeout_s: float
+        self,
+        batch_index: int,
+        n_groups: int,
+        consumer: str,
+        timeout_s: float,
+        *,
+        accept: Check | None = None,
     ) -> list[Delivery]:
-        """Fixed staleness: exactly the groups of batch `batch_index`."""
+        """Fixed staleness: exactly the groups of batch `batch_index` that `accept` passes."""
         ...
 
     def take(
-        self, n_groups: int, learner_version: int, max_lag: int, consumer: str, timeout_s: float
+        self,
+        n_groups: int,
+        learner_version: int,
+        max_lag: int,
+        consumer: str,
+        timeout_s: float,
+        *,
+        accept: Check | None = None,
     ) -> TakeResult:
         """Bounded staleness: the next groups in arrival order with lag <= max_lag."""
+        ...
+
+    def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:
+        """Dead-letter taken groups that must not be trained, with the reason."""
         ...
 
     def commit(self, deliveries: Iterable[Delivery]) -> None:

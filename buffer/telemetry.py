@@ -18,7 +18,9 @@ from contract import metrics as m
 # Fields of the run's counters hash (RunKeys.counters).
 DEAD_LETTER = "dead_letter"
 DROPPED_STALE = "dropped_stale"
-DUPLICATE = "duplicate"
+DUPLICATE = "duplicate"  # a group id pushed again with the same contents, or already trained
+# A group id pushed again with other contents: dead-lettered (also counted in dead_letter).
+CONFLICTING_DUPLICATE = "conflicting_duplicate"
 
 UPDATED_AT = "updated_at"  # unix seconds of a generator's last report (a liveness hint)
 

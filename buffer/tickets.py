@@ -69,6 +69,19 @@ return renewed
 """
 )
 
+# KEYS: leases, owners. ARGV: generator. Expires every lease the generator holds; returns how many.
+_RELEASE_OWNED = """
+local released = 0
+local owners = redis.call('HGETALL', KEYS[2])
+for i = 1, #owners, 2 do
+  if owners[i + 1] == ARGV[1] and redis.call('ZSCORE', KEYS[1], owners[i]) then
+    redis.call('ZADD', KEYS[1], 'XX', 0, owners[i])
+    released = released + 1
+  end
+end
+return released
+"""
+
 
 def admission_limit(version: int, lag: int, prompts_per_step: int) -> int:
     """Tickets below this may start: (version + lag + 1) * prompts_per_step.
@@ -105,6 +118,7 @@ class TicketDispenser:
         self._lease_ms = int(lease_s * 1000)
         self._claim = client.register_script(_CLAIM)
         self._renew = client.register_script(_RENEW)
+        self._release_owned = client.register_script(_RELEASE_OWNED)
 
     def claim(self, generator_id: str, limit: int) -> int | None:
         """The lowest expired-lease ticket below `limit`, else the next new one, else None.
@@ -132,6 +146,17 @@ class TicketDispenser:
         """Give a claimed ticket back undone: its lease expires now, so the next claim gets it."""
         self._client.zadd(self._keys.ticket_leases, {ticket: 0}, xx=True)
 
+    def release_owned(self, generator_id: str) -> int:
+        """Expire every lease `generator_id` holds, so its tickets are claimed again at once.
+
+        For a generator restarted under its old id after its process died: its tickets would
+        otherwise wait out the lease (DEFAULT_LEASE_S) although nobody works on them. Only the
+        caller knows the previous process is dead; on a live one this merely lets a second
+        generator redo its groups (a duplicate the consumers drop). Returns how many.
+        """
+        keys = [self._keys.ticket_leases, self._keys.ticket_owners]
+        return int(self._release_owned(keys=keys, args=[generator_id]))
+
     def expire_all_leases(self) -> int:
         """Release every outstanding ticket (a resumed trial whose generators all died); returns
         how many."""
@@ -154,6 +179,14 @@ class TicketDispenser:
         pipe.zrem(self._keys.ticket_leases, ticket)
         pipe.hdel(self._keys.ticket_owners, ticket)
         pipe.execute()
+
+    def completed(self) -> int:
+        """Tickets pushed (or retired): issued minus outstanding; never decreases."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.get(self._keys.ticket_next)
+        pipe.zcard(self._keys.ticket_leases)
+        issued, outstanding = pipe.execute()
+        return int(issued or 0) - int(outstanding)
 
     def issued(self) -> int:
         """Distinct tickets ever issued, i.e. groups started (re-issues are not counted twice)."""

@@ -4,6 +4,10 @@ Version v = number of learner steps completed (v0 = the initial weights, publish
 before any generator starts). The location is opaque here (a weight-store path or URI).
 Waiting uses pub/sub for a prompt wake-up plus polling as a fallback, so a notice missed during a
 reconnect (pub/sub is fire-and-forget) can delay a waiter by one poll interval but never hang it.
+
+The registry also witnesses that Redis still holds the run: v0 is published before anything else
+of the run is used and the version never moves back, so a registry found empty or behind a version
+this process already saw means Redis lost the run's state (RunStateWatch).
 """
 
 from __future__ import annotations
@@ -11,12 +15,18 @@ from __future__ import annotations
 import time
 
 import redis
+from redis.connection import AbstractConnection
 
-from buffer.connection import RunKeys
+from buffer.connection import RunKeys, RunStateLostError, lost_state_message
 
-# KEYS: version, locations. ARGV: version, location, channel. Refuses to move the version back.
+# KEYS: version, locations. ARGV: version, location, channel, known (-1: none).
+# Refuses to move the version back, and to publish into a registry behind what the publisher
+# already knows (Redis lost the run's state: publishing would paper over it).
 _PUBLISH = """
 local current = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if current < tonumber(ARGV[4]) then
+  return redis.error_reply('RUNSTATELOST ' .. current)
+end
 local v = tonumber(ARGV[1])
 if v < current then
   return redis.error_reply('version ' .. ARGV[1] .. ' is older than the current ' .. current)
@@ -26,18 +36,75 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return current
 """
+_LOST = "RUNSTATELOST"
 
 DEFAULT_POLL_S = 1.0
+
+
+class RunStateWatch:
+    """The newest policy version this process knows Redis holds for one run, and the check that
+    Redis still holds it.
+
+    VersionRegistry feeds it every version it publishes or reads. Installed on a client with
+    `connect(check_connection=watch.check_connection)`, it also checks every new connection, so a
+    Redis that restarted empty fails the reconnect that follows the restart, whatever the component
+    was doing (a learner blocked on the stream, a generator waiting for a version), instead of the
+    component waiting forever on a recreated, empty consumer group or registry.
+    """
+
+    def __init__(self, run_id: str):
+        self._keys = RunKeys(run_id)
+        self.known: int | None = None
+        self._how = ""  # how `known` became known, for the error message
+
+    def saw(self, version: int, how: str) -> None:
+        """Record that Redis held `version` (`how` completes "the registry is empty, but ...")."""
+        if self.known is None or version > self.known:
+            self.known, self._how = version, how
+
+    def check(self, found: int | None) -> None:
+        """RunStateLostError if the registry's version `found` (None: empty) is behind `known`."""
+        if self.known is None or (found is not None and found >= self.known):
+            return
+        registry = "empty" if found is None else f"at v{found}"
+        raise RunStateLostError(
+            lost_state_message(
+                self._keys.run_id, f"its policy-version registry is {registry}, but {self._how}"
+            )
+        )
+
+    def check_connection(self, connection: AbstractConnection) -> None:
+        """For connect(check_connection=...): read the registry on a fresh connection."""
+        if self.known is None:
+            return  # nothing known yet: an empty Redis is a run that has not started
+        connection.send_command("GET", self._keys.version)
+        raw = connection.read_response()
+        self.check(None if raw is None else int(raw))
 
 
 class VersionRegistry:
     """Publish and look up policy versions of one run."""
 
-    def __init__(self, client: redis.Redis, run_id: str, poll_s: float = DEFAULT_POLL_S):
+    def __init__(
+        self,
+        client: redis.Redis,
+        run_id: str,
+        poll_s: float = DEFAULT_POLL_S,
+        watch: RunStateWatch | None = None,
+    ):
         self._client = client
         self._keys = RunKeys(run_id)
         self._poll_s = poll_s
         self._publish = client.register_script(_PUBLISH)
+        # Share the watch given to connect() so both see the same versions.
+        self.watch = watch if watch is not None else RunStateWatch(run_id)
+
+    def require(self, version: int, how: str) -> None:
+        """Fail at once (RunStateLostError) unless Redis holds `version` or later, e.g. a learner
+        resuming from the checkpoint of step k, which was saved after publishing vk."""
+        self.watch.saw(version, how)
+        raw = self._client.get(self._keys.version)
+        self.watch.check(None if raw is None else int(raw))
 
     def publish(self, version: int, location: str) -> None:
         """Atomically make `version` current with its location, then announce it.
@@ -47,23 +114,34 @@ class VersionRegistry:
         if version < 0:
             raise ValueError(f"policy version {version} must be >= 0")
         k = self._keys
+        known = -1 if self.watch.known is None else self.watch.known
         try:
             self._publish(
-                keys=[k.version, k.version_locations], args=[version, location, k.version_channel]
+                keys=[k.version, k.version_locations],
+                args=[version, location, k.version_channel, known],
             )
         except redis.ResponseError as exc:
+            if str(exc).startswith(_LOST):
+                found = int(str(exc).split()[1])
+                self.watch.check(None if found < 0 else found)
             raise ValueError(
                 f"run {k.run_id!r}: cannot publish policy version {version}: {exc}; a learner "
                 "resuming from a checkpoint must publish its checkpoint's version or later"
             ) from exc
+        self.watch.saw(version, f"this process published v{version}")
 
     def current(self) -> tuple[int, str] | None:
-        """(latest version, its location), or None before the learner published v0."""
+        """(latest version, its location), or None before the learner published v0.
+
+        RunStateLostError if the registry is empty or behind a version this process already saw.
+        """
         raw = self._client.get(self._keys.version)
-        if raw is None:
+        found = None if raw is None else int(raw)
+        self.watch.check(found)
+        if found is None:
             return None
-        version = int(raw)
-        return version, self.location(version)
+        self.watch.saw(found, f"this process already read v{found}")
+        return found, self.location(found)
 
     def location(self, version: int) -> str:
         """Where the weights of `version` are; KeyError if it was never published."""

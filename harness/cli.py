@@ -1,7 +1,9 @@
 """The `harness` command line. Each command is short: parse, call an importable function, report.
 
-Errors the user can fix (bad config, missing trial, unreachable Redis) exit non-zero with a message
-naming the problem; tracebacks are kept for bugs.
+Errors the user can fix (bad config, missing model or task file, unreadable task data, missing
+trial, unreachable Redis) exit non-zero with one line naming the field or file; tracebacks are kept
+for bugs. Every such error is a ConfigError (or a subclass: ModelPathError, TaskFileError), so each
+command needs one `except ConfigError`.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ from typing import Annotated
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from contract.trial import StalenessMode, TrialSpec
-from harness.config import ConfigError, load_config
+from harness.config import ConfigError, ExperimentConfig, load_config
 
 app = typer.Typer(
     help="A reproducible comparison harness for RL algorithms on language models "
@@ -40,14 +43,34 @@ OverridesArg = Annotated[
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a user-facing error and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    """Print a user-facing error and return the Exit to raise (the message is not markup: a
+    `[...]` in it, a list of columns say, is printed as written)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     return typer.Exit(code)
 
 
 def load_or_exit(config: Path, overrides: list[str] | None):
     try:
         return load_config(config, overrides or [])
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+
+
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """Fail in one line, before any trial starts, when model.path or the task file is unusable.
+
+    Only what is cheap is checked: a user model directory's files and the whole task file (read
+    and split as the trial will); the built-in model is built later, by the trial.
+    """
+    try:
+        if cfg.model.path != "builtin":
+            from harness.models.factory import validate_model_dir
+
+            validate_model_dir(Path(cfg.model.path).expanduser())
+        if cfg.task.name == "file":
+            from harness.tasks.factory import make_task
+
+            make_task(cfg.task).eval_prompts(cfg.task.eval_size)
     except ConfigError as exc:
         raise fail(str(exc)) from None
 
@@ -75,7 +98,7 @@ def data_gsm8k_format(
         frame = write_gsm8k_format(
             out, seed=seed, train_size=train_size, test_size=test_size, max_operand=max_operand
         )
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # bad sizes, or `out` cannot be written
         raise fail(str(exc)) from None
     console.print(f"wrote {len(frame)} rows to {out}", highlight=False)
 
@@ -132,16 +155,17 @@ def trial(
 
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
+    check_inputs(cfg)
     try:
         outcome = run_trial(cfg, spec, out, steps=steps, resume=resume)
-    except TrialFailedError as exc:
+    except (TrialFailedError, ConfigError) as exc:
         raise fail(str(exc)) from None
     style = {"completed": "green", "diverged": "yellow"}.get(outcome.status, "red")
     console.print(
         f"[{style}]{spec.name}: {outcome.status}[/] after {outcome.steps_completed} steps"
     )
-    if outcome.reason:
-        console.print(outcome.reason, highlight=False)
+    if outcome.reason:  # not wrapped: a one-line reason stays one line for grep and logs
+        console.print(escape(outcome.reason), highlight=False, soft_wrap=True)
     if outcome.status == "failed":
         raise typer.Exit(1)
 
@@ -165,9 +189,12 @@ def learner(
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
     url, run_id = _redis_env()
-    run_learner_component(
-        cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
-    )
+    try:
+        run_learner_component(
+            cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
+        )
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
 
 
 @app.command()
@@ -189,16 +216,20 @@ def generator(
     import os
     import socket
 
-    from harness.trial.generator_main import run_generator_component
+    from harness.trial.generator_main import GeneratorFatalError, run_generator_component
+    from harness.trial.processes import EXIT_NO_RESTART
 
     del out  # generators write nothing but Redis; the option keeps the component CLIs uniform
     generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
     url, run_id = _redis_env()
-    run_generator_component(
-        cfg, spec, redis_url=url, run_id=run_id, generator_id=generator_id, steps=steps
-    )
+    try:
+        run_generator_component(
+            cfg, spec, redis_url=url, run_id=run_id, generator_id=generator_id, steps=steps
+        )
+    except (GeneratorFatalError, ConfigError) as exc:  # a restart would fail the same way
+        raise fail(str(exc), code=EXIT_NO_RESTART) from None
 
 
 @app.command()
@@ -221,6 +252,7 @@ def run(
     from harness.experiment.run import ExperimentLockedError, run_experiment
 
     cfg = load_or_exit(config, overrides)
+    check_inputs(cfg)
     try:
         result = run_experiment(
             cfg, config, out, list(overrides or []), max_parallel, steps, console=console

@@ -314,12 +314,13 @@ class ExperimentConfig(BaseModel):
             raise ValueError(f"arm names must be unique, got {names}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
-        replaying = [arm.name for arm in self.arms if arm.routing_replay == "old"]
+        replaying = [arm.name for arm in self.arms if arm.routing_replay != "off"]
         if replaying and self.model.path == "builtin" and self.model.arch != "qwen3_moe":
             raise ValueError(
-                f"arms {replaying} set routing_replay=old, but the built-in model is dense "
-                "(model.arch=qwen2); routing replay needs model.arch=qwen3_moe"
+                f"arms {replaying} set routing_replay (old or rollout), but the built-in model is "
+                f"dense (model.arch={self.model.arch}); routing replay needs model.arch=qwen3_moe"
             )
+        _check_rollout_routing(self.arms, self.generation.backend)
         head_dim = self.model.hidden_size // self.model.num_heads
         if (
             self.model.path == "builtin"
@@ -345,6 +346,23 @@ class ExperimentConfig(BaseModel):
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
         return self
 
+    @model_validator(mode="after")
+    def _check_message_size(self) -> ExperimentConfig:
+        """A group whose responses all reach max_new_tokens must fit one buffer message. Its
+        token columns alone take group_size * max_new_tokens * 8 bytes (an int32 id and a
+        float32 behaviour logprob per token), a lower bound: prompts and the Arrow framing come
+        on top, which the generator checks per group (harness.trial.generator_main.push_group)."""
+        floor = self.generation.group_size * self.generation.max_new_tokens * 8
+        if self.buffer.max_message_bytes < floor:
+            raise ValueError(
+                f"buffer.max_message_bytes={self.buffer.max_message_bytes} cannot hold a group "
+                f"with full-length responses: generation.group_size={self.generation.group_size}"
+                f" x generation.max_new_tokens={self.generation.max_new_tokens} x 8 bytes = "
+                f"{floor} before prompts and Arrow framing (a few KiB); raise "
+                f"buffer.max_message_bytes well above {floor} (the default is 64 MiB)"
+            )
+        return self
+
     def arm(self, name: str) -> ArmConfig:
         for arm in self.arms:
             if arm.name == name:
@@ -355,6 +373,27 @@ class ExperimentConfig(BaseModel):
         """Short digest of the resolved config, recorded with every run."""
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _check_rollout_routing(arms: list[ArmConfig], backend: GeneratorBackend) -> None:
+    """R3 replays the generator's recorded experts; only the torch backend records them.
+
+    The vLLM generator does not ask its engine for routing: on CUDA that could be wired, on CPU
+    it cannot be. vLLM 0.32 has `enable_return_routed_experts`, but only in its V2 model runner,
+    which on CPU needs Triton with a CPU backend (triton-cpu); this build's Triton has none, so
+    engine config fails with "Model Runner V2 requires Triton"
+    (`VllmConfig._validate_v2_model_runner`), and the V1 runner refuses the option ("AuxOutput
+    Connector requires Model Runner V2").
+    """
+    rollout = [arm.name for arm in arms if arm.routing_replay == "rollout"]
+    if rollout and backend == "vllm":
+        raise ValueError(
+            f"arms {rollout} set routing_replay=rollout, which replays the experts the generator "
+            "recorded, but the generation.backend=vllm generator does not return them (on CPU "
+            "vLLM's enable_return_routed_experts needs its Triton-based V2 model runner, which "
+            "this build cannot run; the CUDA path is not wired); set generation.backend=torch "
+            "or routing_replay=old"
+        )
 
 
 def format_validation_error(exc: ValidationError) -> str:

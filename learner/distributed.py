@@ -97,18 +97,21 @@ def _comm_device() -> torch.device:
 def broadcast_batch(batch: RolloutBatch | None, ctx: DistContext) -> RolloutBatch:
     """Rank 0's collated batch on every rank (on the CPU, as `collate` returns it).
 
-    Rank 0 passes its batch, the others None. First an int64 header (B, L), then every field.
+    Rank 0 passes its batch, the others None. First an int64 header (B, L, routing layers,
+    routing top-k; 0, 0 without `routed_experts`), then every field.
     """
     if ctx.world_size == 1:
         assert batch is not None, "a single process must pass its own batch"
         return batch
     device = _comm_device()
-    header = torch.zeros(2, dtype=torch.int64, device=device)
+    header = torch.zeros(4, dtype=torch.int64, device=device)
     if ctx.is_main:
         assert batch is not None, "rank 0 must pass the batch it collated"
-        header.copy_(torch.tensor(batch.input_ids.shape))
+        routed = batch.routed_experts
+        routing = (routed.shape[0], routed.shape[-1]) if routed is not None else (0, 0)
+        header.copy_(torch.tensor([*batch.input_ids.shape, *routing]))
     torch_dist.broadcast(header, src=0)
-    rows, width = header.tolist()
+    rows, width, layers, top_k = header.tolist()
     fields = {}
     for name, dtype in _FIELDS:
         shape = (rows, width) if name in _2D_FIELDS else (rows,)
@@ -118,6 +121,14 @@ def broadcast_batch(batch: RolloutBatch | None, ctx: DistContext) -> RolloutBatc
             tensor = torch.empty(shape, dtype=dtype, device=device)
         torch_dist.broadcast(tensor, src=0)
         fields[name] = tensor.cpu()
+    if layers:  # the generator's experts (R3 routing replay), (layers, B, L, k) int64
+        if ctx.is_main:
+            assert batch is not None and batch.routed_experts is not None
+            experts = batch.routed_experts.to(device=device).contiguous()
+        else:
+            experts = torch.empty((layers, rows, width, top_k), dtype=torch.int64, device=device)
+        torch_dist.broadcast(experts, src=0)
+        fields["routed_experts"] = experts.cpu()
     if ctx.is_main:
         return batch
     return RolloutBatch(**fields)

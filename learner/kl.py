@@ -1,4 +1,4 @@
-"""Per-token KL estimators and truncated importance weights for behaviour-vs-learner mismatch.
+"""Per-token KL estimators (reference penalty, old-policy and behaviour gaps).
 
 Estimators follow J. Schulman, "Approximating KL Divergence" (2020, joschu.net/blog/kl-approx):
 for x ~ q and r = p(x) / q(x), KL(q || p) is estimated by
@@ -15,7 +15,6 @@ import torch
 from torch import Tensor
 
 from learner.config import KLEstimator
-from learner.masking import masked_mean
 
 # KLEstimator (learner.config): Schulman's k1/k2/k3; `k3` is the default everywhere
 # (unbiased and non-negative).
@@ -52,40 +51,3 @@ def kl(logprobs: Tensor, ref_logprobs: Tensor, kind: KLEstimator = "k3") -> Tens
     """
     log_ratio = ref_logprobs.float() - logprobs.float()  # (B, T)
     return kl_from_log_ratio(log_ratio, kind)
-
-
-def truncated_importance_weights(
-    learner_logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor, cap: float
-) -> tuple[Tensor, dict[str, float]]:
-    """Truncated IS weights w_t = min(pi_learner(y_t) / pi_behavior(y_t), C), detached.
-
-    Used with `old_logprobs: recompute`: pi_old is recomputed by the learner, but the tokens were
-    sampled by the generator engine, whose numerics differ. Multiplying each per-token loss term
-    by w_t corrects the sampling mismatch; truncating at C bounds the variance (truncated IS,
-    Ionides 2008; applied to RL-for-LLM engine mismatch by Yao et al. 2025, "Your Efficient RL
-    Framework Secretly Brings You Off-Policy RL Training").
-
-    Returns weights [B, T] (float32, 0 outside the mask) and stats:
-    `is_weight_mean` (truncated, token mean), `is_weight_max` (before truncation),
-    `is_trunc_frac` (fraction of tokens capped) and `kl_behavior`
-    (k3 estimate of KL(behavior || learner), token mean: the engine-mismatch metric).
-    """
-    if cap <= 0:
-        raise ValueError(f"importance-weight cap must be > 0, got {cap}; a typical value is 2.0")
-    with torch.no_grad():
-        mask = mask.bool()
-        log_ratio = torch.where(mask, learner_logprobs.float() - behavior_logprobs.float(), 0.0)
-        log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
-        raw = torch.exp(log_ratio)  # (B, T)
-        weights = torch.where(mask, raw.clamp_max(cap), 0.0)  # (B, T)
-        raw_max = torch.where(mask, raw, 0.0).amax() if mask.any() else raw.new_zeros(())
-        values = torch.stack(
-            [
-                masked_mean(weights, mask),
-                raw_max,
-                masked_mean((raw > cap).float(), mask),
-                masked_mean(kl_from_log_ratio(log_ratio, "k3"), mask),
-            ]
-        ).tolist()
-    keys = ("is_weight_mean", "is_weight_max", "is_trunc_frac", "kl_behavior")
-    return weights, dict(zip(keys, values, strict=True))

@@ -34,9 +34,11 @@ from contract.trial import StalenessMode, TrialStatus
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, broadcast_batch
+from learner.intake import ModelLimits, fixed_rule, model_limits, split_poison
 from learner.metrics_log import GroupLedger, MetricsLog
 from learner.models import build_step_models, checkpoint_modules, wrap_ddp
 from learner.sampling_dist import PLAIN, SamplingSettings
+from learner.staleness_accounting import GroupTiming, group_timing, staleness_metrics
 from learner.step import DivergenceError, StepModels, check_group_split, train_on_batch
 
 SPIKE_WINDOW = 20
@@ -82,6 +84,7 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
         M.REWARD_STD: float(rewards.std()),
         M.REWARD_GROUP_STD_MEAN: float(group_std.mean()),
         M.GROUPS_ZERO_ADV_FRAC: float((group_std == 0).mean()),
+        M.GROUPS_TRAINED: float(len(groups)),
         M.LENGTH_MEAN: float(lengths.mean()),
         M.LENGTH_P95: float(np.percentile(lengths, 95)),
         M.LENGTH_TRUNCATED_FRAC: float(truncated.mean()),
@@ -154,12 +157,16 @@ def run_learner(
         pass_rate = evaluate(models.policy.module)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate})
     trained = set(state.trained_group_ids)
+    limits = model_limits(models.policy.module.config)
     uncommitted: list[Delivery] = []  # trained since the last checkpoint
     metrics: dict[str, float] = {}
     while state.step < total_steps:
         step = state.step
         t_wait = time.perf_counter()
-        deliveries = _take(buffer, task, step, trained) if dist.is_main else []
+        deliveries, dropped = (
+            _take(buffer, task, step, trained, limits) if dist.is_main else ([], [])
+        )
+        taken_at = time.time()
         wait_s = time.perf_counter() - t_wait
         t_train = time.perf_counter()
         groups = [d.group for d in deliveries]
@@ -192,7 +199,9 @@ def run_learner(
         uncommitted += deliveries
         trained.update(d.group.group_id for d in deliveries)
         state.trained_group_ids = sorted(trained)
+        timings = [group_timing(d, step, taken_at) for d in deliveries]
         metrics = group_metrics(groups, step) | result.metrics
+        metrics |= staleness_metrics(timings, groups, [d.group for d in dropped])
         grad_norm = metrics[M.OPTIM_GRAD_NORM]
         state.grad_spikes += is_spike(state.grad_norm_history, grad_norm, cfg.grad_spike_factor)
         state.grad_norm_history = [*state.grad_norm_history, grad_norm][-SPIKE_WINDOW:]
@@ -206,7 +215,9 @@ def run_learner(
         if is_checkpoint:
             _commit(checkpoints, state, modules, buffer, uncommitted)
         metrics_log.append(state.step, time.time(), metrics)
-        ledger.record(state.step, [_provenance(d) for d in deliveries])
+        ledger.record(
+            state.step, [_provenance(d, t) for d, t in zip(deliveries, timings, strict=True)]
+        )
         if on_step is not None:
             on_step(state.step, metrics)
     return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics)
@@ -224,23 +235,39 @@ def publish_unless_done(versions: VersionPublisher, version: int, location: str)
         versions.publish(version, location)
 
 
-def _provenance(delivery: Delivery) -> dict[str, object]:
+def _provenance(delivery: Delivery, timing: GroupTiming) -> dict[str, object]:
     group = delivery.group
     return {
         "group_id": group.group_id,
         "prompt_index": group.prompt_index,
         "policy_version": group.policy_version,
         "generator_id": group.generator_id,
+        "lag": timing.lag,
+        "generation_s": timing.generation_s,
+        "queue_s": timing.queue_s,
+        "age_s": timing.age_s,
     }
 
 
-def _take(buffer: RolloutSource, task: LearnerTask, step: int, trained: set[str]) -> list[Delivery]:
-    """The groups of step `step` under the staleness rule, skipping ones already trained."""
+def _take(
+    buffer: RolloutSource, task: LearnerTask, step: int, trained: set[str], limits: ModelLimits
+) -> tuple[list[Delivery], list[Delivery]]:
+    """The groups of step `step` under the staleness rule, skipping ones already trained, and
+    the groups dropped as too stale meanwhile (bounded mode; already acked by the buffer).
+
+    Groups that break the fixed-lag rule or the model's limits go to the dead letter
+    (`learner.intake`); the step trains the rest."""
     n = task.learner.prompts_per_step
+    dropped: list[Delivery] = []
     if task.mode == "fixed":
-        deliveries = buffer.take_batch(step, n, task.consumer, task.take_timeout_s)
+        rule = fixed_rule(task.lag, n, task.seed)  # refused before the batch is assembled
+        deliveries = buffer.take_batch(step, n, task.consumer, task.take_timeout_s, accept=rule)
     else:
-        deliveries = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s).deliveries
+        taken = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s)
+        deliveries, dropped = taken.deliveries, taken.dropped
+    deliveries, poison = split_poison(deliveries, limits)
+    for delivery, reason in poison:  # the model cannot score them: dead letter, train the rest
+        buffer.reject([delivery], reason, task.consumer)
     fresh = [d for d in deliveries if d.group.group_id not in trained]
     if len(fresh) != len(deliveries):
         stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
@@ -250,9 +277,12 @@ def _take(buffer: RolloutSource, task: LearnerTask, step: int, trained: set[str]
                 f"step {step}: the buffer redelivered groups already trained "
                 f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
             )
+    if not fresh:
+        reasons = "; ".join(reason for _, reason in poison)
+        raise RuntimeError(f"step {step}: every group taken was refused: {reasons}")
     # Arrival order must not matter in fixed mode: train in prompt order.
     fresh.sort(key=lambda d: (d.group.prompt_index, d.group.group_id))
-    return fresh
+    return fresh, dropped
 
 
 def _commit(

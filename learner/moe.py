@@ -14,6 +14,17 @@ not. This module supplies that option and the diagnostics that show the effect:
 - `routing_metrics` turns two captures into `moe/*` metrics (pure functions of tensors);
 - `StepRouting` is the small object `learner.step.train_on_batch` calls.
 
+Routing replay comes in two flavours (`ArmConfig.routing_replay`):
+- `old` (R2-style): replay the experts of the learner's own start-of-step forward, so pi_theta
+  and pi_old share a sub-network; the behaviour policy (the generator) may still have routed
+  differently.
+- `rollout` (R3, Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
+  Inference Routers", arXiv:2510.11370): replay the experts the *generator* routed each token to
+  (recorded by the torch generator, carried by schema-v2 rollout records, collated into
+  `RolloutBatch.routed_experts`) in the pi_old forward and in every minibatch forward, so the
+  learner's log-probs are taken on the sampler's sub-network and the training-inference routing
+  mismatch is removed; the gates stay differentiable through the learner's router.
+
 Both work through forward hooks on the router modules, so transformers is not patched and the
 hooks vanish when the context exits. Supported routers are those whose forward is "softmax over
 experts, top-k, optional renormalisation" and returns `(router_logits, scores, indices)`: the
@@ -41,6 +52,7 @@ from learner.forward import policy_logprobs
 from learner.masking import masked_mean
 
 MOE_METRICS = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC)
+ROLLOUT_METRICS = (M.MOE_ROLLOUT_ROUTING_MISMATCH,)  # only when the batch carries routing
 # Routers with the softmax -> top-k -> renormalise contract `replayed_scores` reproduces.
 ROUTER_TYPES: tuple[type[nn.Module], ...] = (Qwen3MoeTopKRouter, Qwen2MoeTopKRouter)
 
@@ -88,13 +100,17 @@ class RoutingRecorder:
 
     def routing(self, batch: int, length: int) -> Routing:
         logits = [t for t in self._logits if t is not None]
+        return Routing(
+            torch.stack([t.reshape(batch, length, -1) for t in logits]),  # (layers, B, L, E)
+            self.indices(batch, length),
+        )
+
+    def indices(self, batch: int, length: int) -> Tensor:
+        """Only the chosen experts (layers, B, L, k): what a generator records per token."""
         indices = [t for t in self._indices if t is not None]
         if not indices or len(indices) != len(self._indices):
             raise RuntimeError("capture_routing saw no complete forward of the model")
-        return Routing(
-            torch.stack([t.reshape(batch, length, -1) for t in logits]),  # (layers, B, L, E)
-            torch.stack([t.reshape(batch, length, -1) for t in indices]),  # (layers, B, L, k)
-        )
+        return torch.stack([t.reshape(batch, length, -1) for t in indices])
 
 
 @contextmanager
@@ -132,22 +148,27 @@ def replayed_scores(router_logits: Tensor, indices: Tensor, norm_topk_prob: bool
     return gates.to(router_logits.dtype)
 
 
-@contextmanager
-def replay_routing(model: nn.Module, routing: Routing) -> Iterator[None]:
+def replay_routing(model: nn.Module, routing: Routing) -> AbstractContextManager[None]:
     """Forwards inside use `routing.indices` as every layer's top-k experts.
 
     `routing` must have the batch shape of the forward (select minibatch rows with
     `Routing.rows`); a mismatch raises instead of replaying another token's experts.
     """
+    return replay_experts(model, routing.indices)
+
+
+@contextmanager
+def replay_experts(model: nn.Module, experts: Tensor) -> Iterator[None]:
+    """Forwards inside route token (b, p) of layer l to `experts[l, b, p]` (layers, B, L, k)."""
     routers = router_modules(model)
-    if len(routers) != routing.indices.shape[0]:
+    if len(routers) != experts.shape[0]:
         raise ValueError(
-            f"replay_routing: routing has {routing.indices.shape[0]} layers, the model "
+            f"replay_routing: routing has {experts.shape[0]} layers, the model "
             f"{len(routers)} routers; capture it from the same model"
         )
     handles = []
     for layer, router in enumerate(routers):
-        indices = routing.indices[layer].reshape(-1, routing.indices.shape[-1])  # (N, k)
+        indices = experts[layer].reshape(-1, experts.shape[-1])  # (N, k)
 
         def hook(
             module: nn.Module, _args: object, output: tuple, indices: Tensor = indices
@@ -211,16 +232,26 @@ def predicting_positions(response_mask: Tensor) -> Tensor:
     return shifted
 
 
-def routing_metrics(old: Routing, new: Routing, mask: Tensor) -> dict[str, float]:
+def routing_metrics(
+    old: Routing, new: Routing, mask: Tensor, rollout: Tensor | None = None
+) -> dict[str, float]:
     """The registered `moe/*` metrics, each averaged over layers.
 
     Load imbalance and router entropy describe `old` (the policy at the start of the step, like
     `policy/entropy`); the change fraction compares `old` with `new` (after the step's updates).
+    Given the generator's `rollout` experts (layers, B, L, k), the rollout mismatch compares them
+    with `old`: the share of positions where the learner's own router picks another expert set
+    than the sampler did (what R3 replay removes).
     """
     mask = mask.float()
+    names = MOE_METRICS + (ROLLOUT_METRICS if rollout is not None else ())
     if not bool(mask.any()):
-        return {name: math.nan for name in MOE_METRICS}
-    return {
+        return {name: math.nan for name in names}
+    rollout_stats = {}
+    if rollout is not None:
+        mismatch = routing_change_per_layer(old.indices, rollout.to(old.indices.device), mask)
+        rollout_stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = float(mismatch.mean())
+    return rollout_stats | {
         M.MOE_LOAD_IMBALANCE: float(
             load_imbalance_per_layer(old.indices, mask, old.num_experts).mean()
         ),
@@ -235,43 +266,75 @@ class StepRouting:
     """The MoE part of one learner step; every method is a no-op for a dense policy.
 
     1. `capture_old()` wraps the start-of-step forward (pi_old under `old_logprobs: recompute`)
-       and keeps its routing;
-    2. `replay(rows)` wraps a minibatch forward: with `routing_replay: old` it replays pi_old's
-       experts of those rows;
+       and keeps the learner's own routing of it (`old`);
+    2. `replay(rows)` wraps a minibatch forward: `routing_replay: old` replays `old`'s experts of
+       those rows, `rollout` the generator's (`rollout`, from `RolloutBatch.routed_experts`);
     3. `metrics(...)` runs one extra no-grad forward of the updated policy and returns `moe/*`
        over the positions that score response tokens (`predicting_positions`).
 
-    With `old_logprobs: behavior` the replayed experts are still those of the learner's weights
-    at the start of the step (the behaviour policy's own routing is not sent by generators); at
-    lag 0 these are the same weights.
+    With `rollout` the start-of-step forward replays the generator's experts too (pi_old on the
+    sampler's sub-network), and `old` comes from one extra no-grad forward without replay, so
+    `moe/routing_change_frac` compares the learner's own routing before and after the updates
+    in every mode, and `moe/rollout_routing_mismatch` (whenever the batch carries routing) the
+    learner's own start-of-step routing with the generator's. With `old` and
+    `old_logprobs: behavior` the replayed experts are those of the learner's start-of-step
+    weights, not the sampler's (at lag 0 the same weights; `rollout` replays the sampler's).
     """
 
-    def __init__(self, policy: nn.Module, replay: RoutingReplay, batch_shape: torch.Size) -> None:
+    def __init__(
+        self,
+        policy: nn.Module,
+        replay: RoutingReplay,
+        batch_shape: torch.Size,
+        rollout: Tensor | None = None,
+    ) -> None:
         self.policy = policy
         self.active = is_moe(policy)
-        if replay == "old" and not self.active:
+        if replay != "off" and not self.active:
             raise ValueError(
-                "routing_replay: old needs an MoE policy with a supported router "
+                f"routing_replay: {replay} needs an MoE policy with a supported router "
                 f"({', '.join(t.__name__ for t in ROUTER_TYPES)}); this policy has none. Set "
                 "model.arch: qwen3_moe, or routing_replay: off"
             )
-        self.replay_old = replay == "old"
+        self.mode = replay
         self.batch, self.length = int(batch_shape[0]), int(batch_shape[1])
+        if replay == "rollout" and rollout is None:
+            raise ValueError(
+                "routing_replay: rollout replays the experts the generator routed each token "
+                "to, but this batch carries none: at least one of its groups has no "
+                "routed_experts (only the torch generator records them, for an MoE policy; "
+                "vLLM generators and schema-v1 records do not). Use generation.backend: torch, "
+                "or routing_replay: old"
+            )
+        self.rollout = rollout if self.active else None
+        if self.rollout is not None:
+            _check_rollout(self.rollout, router_modules(policy), (self.batch, self.length))
         self.old: Routing | None = None
-        self._recorder: RoutingRecorder | None = None
 
     @contextmanager
     def capture_old(self) -> Iterator[None]:
         if not self.active:
             yield
             return
-        with capture_routing(self.policy) as recorder:
-            yield
+        if self.mode != "rollout":
+            with capture_routing(self.policy) as recorder:
+                yield
+            self.old = recorder.routing(self.batch, self.length)
+            return
+        assert self.rollout is not None  # checked in __init__
+        with _first_call(self.policy) as call, replay_experts(self.policy, self.rollout):
+            yield  # pi_old: the learner's weights on the generator's experts
+        args, kwargs = call
+        with torch.no_grad(), capture_routing(self.policy) as recorder:
+            self.policy(*args, **kwargs)  # the learner's own routing, no replay
         self.old = recorder.routing(self.batch, self.length)
 
     def replay(self, rows: Tensor) -> AbstractContextManager[None]:
-        if not self.replay_old:
+        if self.mode == "off" or not self.active:
             return contextlib.nullcontext()
+        if self.mode == "rollout":
+            assert self.rollout is not None  # checked in __init__
+            return replay_experts(self.policy, self.rollout[:, rows])
         if self.old is None:
             raise RuntimeError("StepRouting.replay before capture_old: pi_old's routing is unset")
         return replay_routing(self.policy, self.old.rows(rows))
@@ -285,4 +348,45 @@ class StepRouting:
         with capture_routing(self.policy) as recorder:
             policy_logprobs(self.policy, input_ids, attention_mask)
         new = recorder.routing(self.batch, self.length)
-        return routing_metrics(self.old, new, predicting_positions(mask))
+        return routing_metrics(self.old, new, predicting_positions(mask), self.rollout)
+
+
+def _check_rollout(rollout: Tensor, routers: list[nn.Module], shape: tuple[int, int]) -> None:
+    """The generator's routing must fit this policy and batch, or replay would misroute."""
+    layers, top_k = len(routers), int(routers[0].top_k)
+    experts = int(routers[0].weight.shape[0])
+    want = (layers, *shape, top_k)
+    if tuple(rollout.shape) != want:
+        raise ValueError(
+            f"the batch's routed_experts have shape {tuple(rollout.shape)}, the policy and "
+            f"batch need (layers, B, L, top_k) = {want}; the generator served another model"
+        )
+    if rollout.numel() and not 0 <= int(rollout.min()) <= int(rollout.max()) < experts:
+        raise ValueError(
+            f"the batch's routed_experts hold experts {int(rollout.min())}..{int(rollout.max())}"
+            f", outside this policy's 0..{experts - 1}; the generator served another model"
+        )
+
+
+@contextmanager
+def _first_call(module: nn.Module) -> Iterator[tuple[list, dict]]:
+    """The (args, kwargs) of the first forward of `module` inside, filled in when it runs.
+
+    Lets `StepRouting.capture_old` repeat the start-of-step forward without replay on exactly
+    the inputs `learner.step` gave it.
+    """
+    args: list = []
+    kwargs: dict = {}
+
+    def hook(_m: nn.Module, call_args: tuple, call_kwargs: dict) -> None:
+        if not args and not kwargs:
+            args.extend(call_args)
+            kwargs.update(call_kwargs)
+
+    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        yield args, kwargs
+    finally:
+        handle.remove()
+    if not args and not kwargs:
+        raise RuntimeError("StepRouting.capture_old wrapped no forward of the policy")

@@ -29,6 +29,7 @@ from contract.layout import TRIAL_JSON
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TERMINAL_STATUSES, LaunchStatus, TrialStatus
 from harness.experiment.grid import PlannedTrial
+from harness.trial.processes import open_private
 
 # (spec, resume) -> argv. Injectable so tests can run a tiny real script in place of a trial.
 CommandBuilder = Callable[[PlannedTrial, bool], list[str]]
@@ -204,7 +205,7 @@ class TrialPool:
         argv = self.command(spec, resume)
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
-        with spec.paths.trial_log.open("ab") as log:
+        with open_private(spec.paths.trial_log) as log:  # 0600, like every log
             log.write(f"\n=== harness {stamp}: {shlex.join(argv)}\n".encode())
             log.flush()
             process = subprocess.Popen(

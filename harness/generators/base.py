@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 # The sampled distribution is defined once, in the learner, which scores tokens under it.
@@ -72,14 +73,22 @@ class GenResult:
     response has exactly `max_new_tokens` tokens and no EOS. `behavior_logprobs[j][t]` is
     log pi(response_ids[j][t] | prefix) under the sampled distribution: logits / temperature,
     top-k and top-p masks, renormalised (design section 4, `learner.sampling_dist`).
+
+    `routed_experts[j]`, when the backend records routing (the torch backend on an MoE model;
+    None otherwise), is an int16 array [P + R_j - 1, layers, top_k]: the experts each MoE layer
+    routed every position the engine ran a forward on to (the prompt tokens and every response
+    token but the last, which is never fed back), the rollout record's `routed_experts`.
     """
 
     response_ids: list[list[int]]
     behavior_logprobs: list[list[float]]
     finish_reasons: list[FinishReason]
+    routed_experts: list[np.ndarray] | None = None
 
     def __post_init__(self) -> None:
         sizes = {len(self.response_ids), len(self.behavior_logprobs), len(self.finish_reasons)}
+        if self.routed_experts is not None:
+            sizes.add(len(self.routed_experts))
         if len(sizes) != 1:
             raise ValueError(f"GenResult fields disagree on the number of samples: {sizes}")
         for ids, logprobs in zip(self.response_ids, self.behavior_logprobs, strict=True):
@@ -88,27 +97,58 @@ class GenResult:
                     f"GenResult: {len(ids)} response tokens but {len(logprobs)} logprobs"
                 )
 
+    def __eq__(self, other: object) -> bool:
+        """Field by field; routing arrays by value (the generated __eq__ would compare lists of
+        numpy arrays, whose truth value is ambiguous)."""
+        if not isinstance(other, GenResult):
+            return NotImplemented
+        fields_equal = (self.response_ids, self.behavior_logprobs, self.finish_reasons) == (
+            other.response_ids,
+            other.behavior_logprobs,
+            other.finish_reasons,
+        )
+        return fields_equal and _same_routing(self.routed_experts, other.routed_experts)
+
+    __hash__ = None  # type: ignore[assignment]  # holds lists: never hashable
+
     @property
     def num_tokens(self) -> int:
         return sum(len(ids) for ids in self.response_ids)
 
 
+def _same_routing(a: list[np.ndarray] | None, b: list[np.ndarray] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
 Sample = tuple[list[int], list[float], FinishReason]  # (response ids, logprobs, finish reason)
 
 
-def group_samples(requests: Sequence[GenRequest], samples: Sequence[Sample]) -> list[GenResult]:
-    """Cut a flat list of samples (request by request, seed by seed) into one result per request."""
+def group_samples(
+    requests: Sequence[GenRequest],
+    samples: Sequence[Sample],
+    routing: Sequence[np.ndarray] | None = None,
+) -> list[GenResult]:
+    """Cut a flat list of samples (request by request, seed by seed) into one result per request.
+
+    `routing`, when given, holds each sample's routed experts in the same order.
+    """
+    if routing is not None and len(routing) != len(samples):
+        raise ValueError(f"{len(routing)} routing records for {len(samples)} samples")
     results, start = [], 0
     for request in requests:
-        group = samples[start : start + request.group_size]
-        start += request.group_size
+        end = start + request.group_size
+        group = samples[start:end]
         results.append(
             GenResult(
                 response_ids=[ids for ids, _, _ in group],
                 behavior_logprobs=[logprobs for _, logprobs, _ in group],
                 finish_reasons=[reason for _, _, reason in group],
+                routed_experts=None if routing is None else list(routing[start:end]),
             )
         )
+        start = end
     if start != len(samples):
         raise ValueError(f"{len(samples)} samples for {start} seeds; every seed needs one sample")
     return results

@@ -5,15 +5,22 @@ Slower than vLLM on anything but tiny models, but every step is visible: tempera
 per sample seeded by its `sample_seed`, so a sample's random numbers never depend on what else is
 in the batch. On CPU in float32 two runs with the same seeds give bitwise identical tokens and
 logprobs.
+
+On an MoE model `generate` also records the experts every MoE layer routed each position to (the
+router hooks of `learner.moe.capture_routing`, around every forward: the prefill and each decode
+step), cut per row to [P + R - 1, layers, top_k] (`GenResult.routed_experts`): what the learner
+replays under `routing_replay: rollout` (R3, Ma et al. 2025, arXiv:2510.11370).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -28,6 +35,7 @@ from harness.generators.base import (
     group_samples,
     set_torch_threads,
 )
+from learner.moe import capture_routing, router_modules
 from learner.sampling_dist import processed_logprobs
 
 # Rows (samples) decoded together; bounds the KV cache of one batch.
@@ -79,6 +87,7 @@ class TorchGenerator:
         self._max_batch_rows = max_batch_rows
         self._timeout_s = timeout_s
         self._version = 0
+        self._records_routing = _check_routers(self._model)
 
     @property
     def version(self) -> int:
@@ -88,12 +97,14 @@ class TorchGenerator:
         rows = [
             _Row(list(r.prompt_ids), seed, r.max_new_tokens) for r in requests for seed in r.seeds
         ]
-        decoded = self._decode_all(rows, self._seeded_sampler, "TorchGenerator.generate")
-        return group_samples(requests, decoded)
+        decoded, routing = self._decode_all(
+            rows, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
+        )
+        return group_samples(requests, decoded, routing)
 
     def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
         rows = [_Row(list(ids), None, max_new_tokens) for ids in prompts_ids]
-        decoded = self._decode_all(rows, lambda _: _argmax, "TorchGenerator.greedy")
+        decoded, _ = self._decode_all(rows, lambda _: _argmax, "TorchGenerator.greedy", False)
         return [ids for ids, _, _ in decoded]
 
     @torch.no_grad()
@@ -115,8 +126,9 @@ class TorchGenerator:
         del self._model
 
     def _decode_all(
-        self, rows: list[_Row], make_chooser: ChooserFactory, what: str
-    ) -> list[Sample]:
+        self, rows: list[_Row], make_chooser: ChooserFactory, what: str, record: bool
+    ) -> tuple[list[Sample], list[np.ndarray] | None]:
+        """Samples of every row, and each row's routed experts when `record` (else None)."""
         for row in rows:
             if len(row.prompt_ids) + row.max_new_tokens > self._max_len:
                 raise ValueError(
@@ -126,15 +138,30 @@ class TorchGenerator:
                 )
         deadline = Deadline(self._timeout_s, what)
         out: list[Sample] = []
+        routing: list[np.ndarray] = []
         for start in range(0, len(rows), self._max_batch_rows):
-            out += self._decode(rows[start : start + self._max_batch_rows], make_chooser, deadline)
-        return out
+            chunk = rows[start : start + self._max_batch_rows]
+            trace: list[torch.Tensor] | None = [] if record else None
+            samples = self._decode(chunk, make_chooser, deadline, trace)
+            out += samples
+            if trace is not None:
+                prompts = [len(row.prompt_ids) for row in chunk]
+                routing += _cut_routing(trace, prompts, [len(ids) for ids, _, _ in samples])
+        return out, routing if record else None
 
     @torch.no_grad()
     def _decode(
-        self, rows: list[_Row], make_chooser: ChooserFactory, deadline: Deadline
+        self,
+        rows: list[_Row],
+        make_chooser: ChooserFactory,
+        deadline: Deadline,
+        trace: list[torch.Tensor] | None,
     ) -> list[Sample]:
-        """Decode one batch: left-padded prefill, then one token per row per step."""
+        """Decode one batch: left-padded prefill, then one token per row per step.
+
+        With `trace`, each forward appends its experts (layers, B, T, k): the prefill's T is the
+        padded prompt width, each decode step's 1 (see `_cut_routing`).
+        """
         choose = make_chooser(rows)
         batch = len(rows)
         width = max(len(row.prompt_ids) for row in rows)
@@ -147,7 +174,7 @@ class TorchGenerator:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L): 0 at each row's first token
         limits = torch.tensor([row.max_new_tokens for row in rows], device=self._device)
         cache = DynamicCache(config=self._model.config)
-        logits = self._forward(input_ids, mask, positions, cache)  # (B, V)
+        logits = self._forward(input_ids, mask, positions, cache, trace)  # (B, V)
         active = torch.ones(batch, dtype=torch.bool, device=self._device)
         lengths = torch.zeros(batch, dtype=torch.long, device=self._device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=self._device)
@@ -165,7 +192,7 @@ class TorchGenerator:
                 break
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)  # (B, L + t + 1)
             positions = positions[:, -1:] + 1  # (B, 1)
-            logits = self._forward(tokens[:, None], mask, positions, cache)
+            logits = self._forward(tokens[:, None], mask, positions, cache, trace)
         all_tokens = torch.stack(tokens_per_step, dim=1).tolist()  # (B, T)
         all_logprobs = torch.stack(logprobs_per_step, dim=1).tolist()  # (B, T)
         return [
@@ -183,16 +210,21 @@ class TorchGenerator:
         mask: torch.Tensor,
         positions: torch.Tensor,
         cache: DynamicCache,
+        trace: list[torch.Tensor] | None,
     ) -> torch.Tensor:
-        """Logits of the last position only (B, V), float32, extending `cache` in place."""
-        out = self._model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        """Logits of the last position only (B, V), float32, extending `cache` in place; with
+        `trace`, appends the forward's routed experts (layers, B, T, k)."""
+        with capture_routing(self._model) if trace is not None else nullcontext() as recorder:
+            out = self._model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        if trace is not None:
+            trace.append(recorder.indices(*input_ids.shape))
         return out.logits[:, -1].float()
 
     def _seeded_sampler(self, rows: list[_Row]) -> Chooser:
@@ -232,6 +264,38 @@ def _state_in_model_layout(location: str, model: torch.nn.Module) -> dict[str, t
         location, dtype=next(model.parameters()).dtype, local_files_only=True
     )
     return loaded.state_dict()
+
+
+def _check_routers(model: torch.nn.Module) -> bool:
+    """True for an MoE model (its routing is recorded); experts must fit the record's int16."""
+    routers = router_modules(model)
+    too_many = [int(r.weight.shape[0]) for r in routers if r.weight.shape[0] > 2**15]
+    if too_many:
+        raise ValueError(
+            f"an MoE layer has {too_many[0]} experts; rollout records store expert indices as "
+            "int16 (at most 32,768 experts)"
+        )
+    return bool(routers)
+
+
+def _cut_routing(
+    trace: list[torch.Tensor], prompt_lengths: list[int], lengths: list[int]
+) -> list[np.ndarray]:
+    """Each row's experts [P + R - 1, layers, k] (int16) from one decode batch's forwards.
+
+    The prefill ran the left-padded prompts (width W: row i's prompt in columns W - P_i .. W - 1);
+    decode forward j (1-based) fed every row's token j - 1 (a pad once the row had finished). A
+    row of R tokens fed tokens 0 .. R - 2, so its positions are columns W - P_i .. W + R - 2 of
+    the forwards concatenated in time; its last token was never fed back (or fed after it had
+    finished, in a forward kept for other rows, and dropped here).
+    """
+    width = trace[0].shape[2]
+    steps = torch.cat(trace, dim=2)  # (layers, B, W + S, k)
+    per_row = steps.permute(1, 2, 0, 3).to(torch.int16).cpu().numpy()  # (B, W + S, layers, k)
+    return [
+        np.ascontiguousarray(per_row[i, width - p : width + n - 1])
+        for i, (p, n) in enumerate(zip(prompt_lengths, lengths, strict=True))
+    ]
 
 
 def _argmax(logits: torch.Tensor, active: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

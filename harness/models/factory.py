@@ -41,7 +41,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from harness.config import ModelConfig, TaskConfig
+from harness.config import ConfigError, ModelConfig, TaskConfig
 from harness.models.chat_warm_start import chat_warm_start
 from harness.models.mistral_vocab import build_mistral_tokenizer, save_mistral_tokenizer
 from harness.models.tokenizer import (
@@ -60,6 +60,7 @@ from harness.tasks.rewards import make_reward_fn
 
 __all__ = [
     "FORMAT_VERSION",
+    "ModelPathError",
     "build_model_dir",
     "builtin_cache_key",
     "load_policy",
@@ -277,14 +278,23 @@ def _build_cached(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     return final
 
 
+class ModelPathError(ConfigError, FileNotFoundError):
+    """model.path names no usable model directory. A ConfigError, so the command line prints it
+    as one line naming the field instead of a traceback."""
+
+
 def validate_model_dir(path: Path) -> Path:
     """A user model directory must hold config.json and tokenizer files the harness can load."""
     if not path.is_dir():
-        raise FileNotFoundError(f"model.path {path} is not a directory")
+        missing = "" if path.exists() else " (nothing is there)"
+        raise ModelPathError(
+            f"model.path {path} is not a directory{missing}; set model.path to a local Hugging "
+            "Face model directory or to `builtin`"
+        )
     if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"model.path {path} has no config.json (not a Hugging Face model)")
+        raise ModelPathError(f"model.path {path} has no config.json (not a Hugging Face model)")
     if not any((path / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
-        raise FileNotFoundError(
+        raise ModelPathError(
             f"model.path {path} has no tokenizer.json/tokenizer_config.json; save the tokenizer "
             "next to the model (tokenizer.save_pretrained)"
         )

@@ -10,6 +10,10 @@ Columns read:
 - `split` (optional): `train` rows form the training stream, `eval`/`test`/`validation` rows the
   held-out split, in file order. Without a `split` column the last `eval_size` rows are held out.
 
+Every problem with the file (missing, unreadable, not Parquet or JSON lines, a bad row or column)
+is a TaskFileError, a ConfigError naming task.path, the file and, for JSON lines, the line: the
+command line prints it as one line instead of a traceback.
+
 Training rows whose prompt text also occurs in the held-out split are dropped, so the split never
 overlaps training even when a file repeats prompts. The training stream indexes the remaining
 rows through a per-epoch permutation drawn from `default_rng([TRAIN_STREAM, seed, epoch, salt])`:
@@ -27,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from harness.overrides import ConfigError
 from harness.tasks.base import TRAIN_STREAM, Message, Prompt
 
 TRAIN_SPLIT = "train"
@@ -34,6 +39,14 @@ EVAL_SPLITS = frozenset({"eval", "test", "validation"})
 _FILE_SALT = zlib.crc32(b"file")
 # Streams are read roughly in index order, so a few cached epoch permutations suffice.
 _PERMUTATIONS_KEPT = 8
+
+
+class TaskFileError(ConfigError):
+    """task.path cannot serve as a prompt set; the message names the file and what is wrong."""
+
+
+class TaskFileMissingError(TaskFileError, FileNotFoundError):
+    """task.path names no file."""
 
 
 @dataclass(frozen=True)
@@ -48,13 +61,47 @@ class Row:
 def read_table(path: Path) -> pd.DataFrame:
     """Read Parquet (`.parquet`) or JSON lines (`.jsonl`, `.json` holding one object per line)."""
     if not path.is_file():
-        raise FileNotFoundError(f"task.path {path} does not exist or is not a file")
+        raise TaskFileMissingError(f"task.path {path} does not exist or is not a file")
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return pd.read_parquet(path)
-    if suffix in (".jsonl", ".json"):
+    if suffix not in (".parquet", ".jsonl", ".json"):
+        raise TaskFileError(
+            f"task.path {path}: unsupported suffix {suffix!r}; use .parquet or .jsonl"
+        )
+    try:
+        if suffix == ".parquet":
+            return pd.read_parquet(path)
         return pd.read_json(path, lines=True, dtype=False)
-    raise ValueError(f"task.path {path}: unsupported suffix {suffix!r}; use .parquet or .jsonl")
+    except OSError as exc:
+        raise TaskFileError(f"task.path {path}: cannot read it ({_one_line(exc)})") from None
+    # pyarrow's ArrowInvalid is a ValueError; pandas raises a ValueError or a TypeError for a
+    # JSON-lines file that is not one object per line.
+    except (ValueError, TypeError) as exc:
+        if suffix == ".parquet":
+            raise TaskFileError(
+                f"task.path {path} is not a Parquet file ({_one_line(exc)})"
+            ) from None
+        raise TaskFileError(f"task.path {path}: {_json_lines_problem(path, exc)}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _json_lines_problem(path: Path, exc: Exception) -> str:
+    """Which line of a JSON-lines file pandas could not read, and why (pandas does not say)."""
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
+                continue
+            try:
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                return f"line {number} is not UTF-8 text"
+            except json.JSONDecodeError as bad:
+                return f"line {number} is not valid JSON ({bad.msg} at column {bad.colno})"
+            if not isinstance(value, dict):
+                return f"line {number} is not a JSON object (one object per line is expected)"
+    return f"not JSON lines, one object per line ({_one_line(exc)})"
 
 
 def prompt_messages(value: Any, where: str) -> tuple[Message, ...] | None:
@@ -65,8 +112,12 @@ def prompt_messages(value: Any, where: str) -> tuple[Message, ...] | None:
         try:
             return tuple((str(m["role"]), str(m["content"])) for m in value)
         except (KeyError, TypeError, IndexError) as exc:
-            raise ValueError(f"{where}: a chat prompt must be a list of {{role, content}}") from exc
-    raise ValueError(f"{where}: prompt must be a string or a list of messages, got {type(value)}")
+            raise TaskFileError(
+                f"{where}: a chat prompt must be a list of {{role, content}}"
+            ) from exc
+    raise TaskFileError(
+        f"{where}: prompt must be a string or a list of messages, got {type(value).__name__}"
+    )
 
 
 def prompt_text(value: Any, where: str) -> str:
@@ -90,8 +141,14 @@ def _ground_truths(frame: pd.DataFrame, path: Path) -> list[Any]:
     if "ground_truth" in frame.columns:
         return list(frame["ground_truth"])
     if "reward_model" in frame.columns:
-        return [cell["ground_truth"] for cell in frame["reward_model"]]
-    raise ValueError(
+        try:
+            return [cell["ground_truth"] for cell in frame["reward_model"]]
+        except (KeyError, TypeError, IndexError):
+            raise TaskFileError(
+                f"task.path {path}: every `reward_model` cell must be an object with a "
+                "`ground_truth` key"
+            ) from None
+    raise TaskFileError(
         f"task.path {path}: needs a `ground_truth` column (or verl's `reward_model` with a "
         f"`ground_truth` key); columns are {list(frame.columns)}"
     )
@@ -101,13 +158,15 @@ def read_rows(path: Path) -> tuple[list[Row], list[str] | None]:
     """All rows of the file, and the `split` column if it has one."""
     frame = read_table(path)
     if "prompt" not in frame.columns:
-        raise ValueError(f"task.path {path}: no `prompt` column; columns are {list(frame.columns)}")
+        raise TaskFileError(
+            f"task.path {path}: no `prompt` column; columns are {list(frame.columns)}"
+        )
     truths = _ground_truths(frame, path)
     rows = [
         Row(
-            prompt_text(value, f"{path} row {i}"),
+            prompt_text(value, f"task.path {path} row {i}"),
             truth_text(truth),
-            prompt_messages(value, f"{path} row {i}"),
+            prompt_messages(value, f"task.path {path} row {i}"),
         )
         for i, (value, truth) in enumerate(zip(frame["prompt"], truths, strict=True))
     ]
@@ -121,7 +180,7 @@ def split_rows(
     """(train, eval) rows: by the `split` column, else the last `eval_size` rows are eval."""
     if splits is None:
         if eval_size >= len(rows):
-            raise ValueError(
+            raise TaskFileError(
                 f"task.path {path} has {len(rows)} rows, too few to hold out task.eval_size="
                 f"{eval_size} and still train; lower task.eval_size or add a `split` column"
             )
@@ -129,7 +188,7 @@ def split_rows(
     else:
         unknown = sorted(set(splits) - EVAL_SPLITS - {TRAIN_SPLIT})
         if unknown:
-            raise ValueError(
+            raise TaskFileError(
                 f"task.path {path}: unknown split values {unknown}; use `train` or one of "
                 f"{sorted(EVAL_SPLITS)}"
             )
@@ -138,7 +197,9 @@ def split_rows(
     eval_texts = {row.text for row in held_out}
     train = [row for row in train if row.text not in eval_texts]
     if not train:
-        raise ValueError(f"task.path {path}: no training rows left after holding out the eval set")
+        raise TaskFileError(
+            f"task.path {path}: no training rows left after holding out the eval set"
+        )
     return train, held_out
 
 
@@ -173,7 +234,7 @@ class FileTask:
 
     def eval_prompts(self, n: int) -> list[Prompt]:
         if n > len(self._eval):
-            raise ValueError(
+            raise TaskFileError(
                 f"task file {self.source}: {n} eval prompts asked, the held-out split has "
                 f"{len(self._eval)}; lower task.eval_size or add eval rows"
             )

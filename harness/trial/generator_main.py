@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import redis
 
-from buffer.schema import RolloutGroup, make_group_id
+from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
+from buffer.schema import RecordError, RolloutGroup, encode_group, make_group_id
 from buffer.streams import (
     RolloutBuffer,
     TicketDispenser,
@@ -27,6 +29,7 @@ from buffer.streams import (
     fixed_policy_version,
     ticket_batch,
 )
+from buffer.versions import RunStateWatch
 from contract import metrics as M
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
@@ -38,6 +41,16 @@ from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
 
 IDLE_POLL_S = 0.5
+# Fault injection for kill/restart tests: while the file this names exists and holds ticket t, the
+# generator that claims t deletes it and exits abruptly holding the leases of its claim (as a
+# SIGKILL would).
+FAULT_CRASH_FILE_ENV = "HARNESS_FAULT_GENERATOR_CRASH_FILE"
+FAULT_EXIT_CODE = 86
+
+
+class GeneratorFatalError(RuntimeError):
+    """An error a restart cannot fix (the restarted generator would make the same group and fail
+    the same way); `harness generator` exits with EXIT_NO_RESTART and this one-line message."""
 
 
 @dataclass
@@ -87,6 +100,7 @@ class GroupMaker:
         prompts = [self.task.train_prompt(self.spec.seed, ticket) for ticket in tickets]
         requests = [self.request(t, p.text) for t, p in zip(tickets, prompts, strict=True)]
         started = time.monotonic()
+        generation_started = datetime.now(UTC)  # wall clock: staleness accounting reads it
         results = self.generator.generate(requests)
         stats.generate_s += time.monotonic() - started
         groups = []
@@ -98,6 +112,7 @@ class GroupMaker:
             texts = [response_text(self.tokenizer, ids) for ids in result.response_ids]
             scored = [self.reward_fn(text, prompt.ground_truth) for text in texts]
             stats.tokens += sum(len(ids) for ids in result.response_ids)
+            created_at = datetime.now(UTC)
             groups.append(
                 RolloutGroup(
                     run_id=self.run_id,
@@ -111,7 +126,10 @@ class GroupMaker:
                     finish_reasons=result.finish_reasons,
                     policy_version=version,
                     generator_id=self.generator_id,
-                    created_at=datetime.now(UTC),
+                    created_at=created_at,
+                    # min: a wall-clock step back during generation must not void the record
+                    generation_started_at=min(generation_started, created_at),
+                    routed_experts=result.routed_experts,
                 )
             )
         return groups
@@ -142,6 +160,40 @@ def claim_batch(
     return claimed, []
 
 
+def push_group(
+    buffer: RolloutBuffer, group: RolloutGroup, *, batch_index: int, ticket: int, limit: int
+) -> None:
+    """Push one group; one over `limit` (the buffer's max_message_bytes) is a GeneratorFatalError
+    naming the size it needs (the same seeds would make the same group after a restart)."""
+    try:
+        buffer.push(group, batch_index=batch_index, ticket=ticket)
+    except RecordError:
+        size = len(encode_group(group))
+        if size <= limit:
+            raise
+        raise GeneratorFatalError(
+            f"group {group.group_id} (prompt {group.prompt_index}) encodes to {size} bytes, over "
+            f"buffer.max_message_bytes={limit}; set buffer.max_message_bytes to at least {size} "
+            "(with room for longer prompts and responses) or lower generation.max_new_tokens"
+        ) from None
+
+
+def _fault_crash_after_claim(claimed: list[int]) -> None:
+    """The FAULT_CRASH_FILE_ENV hook; unlink is atomic, so one generator crashes per file."""
+    path = os.environ.get(FAULT_CRASH_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path) as handle:
+            if int(handle.read()) not in claimed:
+                return
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    print(f"fault injection: exiting holding tickets {claimed}", flush=True)
+    os._exit(FAULT_EXIT_CODE)
+
+
 def run_generator_component(
     cfg: ExperimentConfig,
     spec: TrialSpec,
@@ -155,17 +207,27 @@ def run_generator_component(
     stop = SignalLatch()
     install(stop.set)  # for the rest of the process: a signal ends the loop between pushes
     maker = GroupMaker(cfg, spec, run_id, generator_id)
-    with connect(redis_url, cfg.buffer.tls_ca_file) as client:
-        return _generate(
-            cfg,
-            spec,
-            client,
-            maker=maker,
-            stop=stop,
-            run_id=run_id,
-            generator_id=generator_id,
-            steps=steps,
-        )
+    watch = RunStateWatch(run_id)  # a reconnect to a Redis that restarted empty fails
+    try:
+        with (
+            redis_failures_in_one_line(redis_url),
+            connect(
+                redis_url, cfg.buffer.tls_ca_file, check_connection=watch.check_connection
+            ) as client,
+        ):
+            return _generate(
+                cfg,
+                spec,
+                client,
+                maker=maker,
+                stop=stop,
+                run_id=run_id,
+                generator_id=generator_id,
+                steps=steps,
+                watch=watch,
+            )
+    except (BufferConnectionError, RunStateLostError) as exc:  # a restart meets the same Redis
+        raise GeneratorFatalError(str(exc)) from None
 
 
 def _generate(
@@ -178,15 +240,17 @@ def _generate(
     run_id: str,
     generator_id: str,
     steps: int | None,
+    watch: RunStateWatch | None = None,
 ) -> GeneratorStats:
     """The loop of `run_generator_component`; the caller owns (and closes) `client`."""
     buffer = RolloutBuffer(client, run_id, cfg.buffer)
     tickets = TicketDispenser(client, run_id)
-    versions = VersionRegistry(client, run_id)
+    versions = VersionRegistry(client, run_id, watch=watch)
     per_step = cfg.learner.prompts_per_step
     total = (steps or cfg.learner.steps) * per_step
     stats = GeneratorStats()
     most = cfg.generation.max_prompts_per_call or per_step
+    message_limit = cfg.buffer.max_message_bytes
     loaded = 0  # the engine starts on the initial weights, version 0
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
@@ -213,6 +277,7 @@ def _generate(
             stats.idle_s += time.monotonic() - idle_from
             buffer.report_generator_stats(generator_id, stats.as_metrics())
             continue
+        _fault_crash_after_claim(claimed)
         batch_index = ticket_batch(claimed[0], per_step)
         want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
         if want != loaded:
@@ -221,7 +286,7 @@ def _generate(
             stats.syncs += 1
             loaded = want
         for ticket, group in zip(claimed, maker.make(claimed, loaded, stats), strict=True):
-            buffer.push(group, batch_index=batch_index, ticket=ticket)
+            push_group(buffer, group, batch_index=batch_index, ticket=ticket, limit=message_limit)
             stats.groups += 1
         buffer.report_generator_stats(generator_id, stats.as_metrics())
     maker.generator.close()

@@ -10,23 +10,26 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
 from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
+from buffer.versions import RunStateWatch
 from buffer.weight_store import WeightStore
 from contract.layout import TrialPaths
 from contract.record import write_json_atomic
 from contract.trial import TrialSpec
-from harness.config import ExperimentConfig
+from harness.config import ConfigError, ExperimentConfig
 from harness.models.factory import build_model_dir
 from harness.models.tokenizer import load_tokenizer
 from harness.models.warm_start import greedy_eval
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
+from learner.checkpoint import CheckpointStore
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
 
@@ -83,6 +86,43 @@ def _fault_injection() -> Callable[[int, dict[str, float]], None] | None:
     return on_step
 
 
+class RedisFailureError(ConfigError):
+    """Redis died, or came back without the run's state. Not a config error, but the user fixes
+    it the same way, so `harness learner` prints this one line (no traceback) and the
+    supervisor's failure reason quotes it."""
+
+
+@contextlib.contextmanager
+def redis_failures_as_one_line(url: str) -> Iterator[None]:
+    """A dead Redis or a lost run state, raised anywhere inside, becomes a RedisFailureError."""
+    try:
+        with redis_failures_in_one_line(url):
+            yield
+    except (BufferConnectionError, RunStateLostError) as exc:
+        raise RedisFailureError(str(exc)) from None
+
+
+def require_checkpoint_version(versions: VersionRegistry, paths: TrialPaths) -> None:
+    """A resumed learner's checkpoint of step k was saved after it published vk, so Redis must
+    still hold vk or later.
+
+    An empty registry means Redis lost the run's state (restarted with AOF off): generators would
+    wait for a version that never comes, so fail now with RunStateLostError instead of after
+    take_timeout_s. A registry that holds an earlier version lost only its last writes (a crash
+    under `appendfsync everysec` drops up to a second); the weights of vk are still in the
+    weight store, so republishing vk repairs it, and every earlier publish is still there.
+    """
+    step = CheckpointStore(paths.checkpoints).latest_step()
+    if step is None:
+        return
+    current = versions.current()
+    store = WeightStore(paths.weights)
+    if current is not None and current[0] < step and step in store.versions():
+        versions.publish(step, store.path(step))
+        return
+    versions.require(step, f"the learner's checkpoint of step {step} came after v{step}")
+
+
 def learner_task(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
 ) -> LearnerTask:
@@ -117,12 +157,19 @@ def run_learner_component(
     """
     dist = init_distributed(cfg.learner.device)
     with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
+        owned.enter_context(redis_failures_as_one_line(redis_url))  # exits last: sees all
         owned.callback(shutdown, dist)
         task = learner_task(cfg, spec, paths, steps)
         if dist.is_main:
-            client = owned.enter_context(connect(redis_url, cfg.buffer.tls_ca_file))
+            watch = RunStateWatch(run_id)  # a reconnect to a Redis that restarted empty fails
+            client = owned.enter_context(
+                connect(redis_url, cfg.buffer.tls_ca_file, check_connection=watch.check_connection)
+            )
+            versions = VersionRegistry(client, run_id, watch=watch)
+            if resume:  # before anything recreates the run's keys
+                require_checkpoint_version(versions, paths)
             buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
-            versions, weights = VersionRegistry(client, run_id), WeightStore(paths.weights)
+            weights = WeightStore(paths.weights)
             evaluate = make_evaluator(cfg, task.model_dir)
         else:
             buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()

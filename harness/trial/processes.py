@@ -1,8 +1,9 @@
-"""Child processes that never outlive their parent.
+"""Child processes that never outlive their parent, and how often one may be restarted.
 
 Every component runs in its own process group (so a Ctrl-C in the terminal reaches only the
 supervisor, which then decides the order of teardown) and asks the kernel to SIGTERM it when the
-supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan.
+supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan. Its log is
+private to the user (0600 in a 0700 directory): logs quote prompts, responses and paths.
 """
 
 from __future__ import annotations
@@ -16,8 +17,62 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 _PR_SET_PDEATHSIG = 1
+# A component exiting with this code hit an error a restart cannot fix (a config value too small
+# for the data, say; its last log line says which): the supervisor fails the trial at once with
+# that line instead of restarting it. 78 is EX_CONFIG of BSD's sysexits.h.
+EXIT_NO_RESTART = 78
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_DIR_MODE = 0o700
+
+
+def private_dir(path: Path) -> Path:
+    """Create `path` (and parents) if needed and make it 0700; returns it."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(PRIVATE_DIR_MODE)
+    return path
+
+
+def open_private(path: Path, *, append: bool = True) -> BinaryIO:
+    """Open `path` for writing (appending, or else truncated) as a 0600 file in a 0700 directory;
+    an existing file (an older 0644 log) is made 0600 too."""
+    private_dir(path.parent)
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    os.fchmod(fd, PRIVATE_FILE_MODE)  # O_CREAT's mode only applies to a new file
+    return os.fdopen(fd, "ab" if append else "wb")
+
+
+@dataclass
+class RestartBudget:
+    """At most `limit` restarts of one component in a row without progress of the trial.
+
+    Progress is a count the caller supplies that never decreases (the supervisor passes learner
+    steps plus tickets completed, i.e. groups pushed by any generator). A crash after progress
+    since the last restart starts a fresh budget, so a long trial survives any number of isolated
+    crashes, while a component that dies again and again at the same point still fails the trial
+    after `limit` restarts instead of looping forever.
+    """
+
+    limit: int
+    used: int = 0
+    mark: int | None = None  # the highest progress seen at a granted restart
+
+    def spend(self, progress: int) -> bool:
+        """Record a crash seen at `progress`; True when a restart is granted (and counted).
+
+        Only a progress above the mark renews the budget: a lower reading (a count the caller
+        could not read in full) must not, or a flapping reading would restart forever.
+        """
+        if self.mark is not None and progress > self.mark:
+            self.used = 0
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        self.mark = progress if self.mark is None else max(self.mark, progress)
+        return True
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
@@ -36,11 +91,9 @@ class Child:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
-    restarts: int = 0
 
     def start(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
+        log = open_private(self.log_path)
         self.process = subprocess.Popen(
             self.args,
             stdout=log,
@@ -52,7 +105,8 @@ class Child:
         )
         log.close()
         # Operators (and the kill/resume tests) find a component by its pid file.
-        self.log_path.with_suffix(".pid").write_text(str(self.process.pid))
+        with open_private(self.log_path.with_suffix(".pid"), append=False) as pid_file:
+            pid_file.write(str(self.process.pid).encode())
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -72,6 +126,11 @@ class Child:
         if self.process.poll() is None:
             _signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+    def last_line(self) -> str:
+        """The log's last non-empty line (a component's one-line error), or ''."""
+        lines = [line for line in self.tail(lines=5).splitlines() if line.strip()]
+        return lines[-1] if lines else ""
 
     def tail(self, lines: int = 20) -> str:
         try:

@@ -3,8 +3,13 @@
 The runner prepares the trial directory (resolved config, prompt set, digests, metadata), starts
 the embedded Redis when no URL is configured, then the learner and the generator(s) as separate
 processes sharing nothing but Redis and the weight store (design section 3). It restarts a
-crashed generator, fails the trial (resumably) when the learner crashes, and on SIGINT/SIGTERM
-tears every child down before returning.
+crashed generator under its old id, first expiring the leases of the tickets it held (the process
+holding them is dead), so the trial goes on at once instead of after the lease. Restarts are
+budgeted per unit of progress (processes.RestartBudget): MAX_GENERATOR_RESTARTS crashes of one
+generator in a row with no learner step and no group pushed in between fail the trial; any
+progress renews the budget. A generator exiting with EXIT_NO_RESTART (an error a restart cannot
+fix) fails the trial at once with its one-line reason. A learner crash fails the trial
+(resumably), and on SIGINT/SIGTERM every child is torn down before returning.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
+import redis
 import yaml
 
 from contract.layout import TrialPaths
@@ -33,8 +39,14 @@ from harness.models.factory import build_model_dir, load_tokenizer, weights_dige
 from harness.provenance import file_digest, provenance
 from harness.signals import SignalLatch, forward_signals
 from harness.tasks.factory import make_rendered_task
-from harness.trial.processes import Child, python_module_args
+from harness.trial.processes import (
+    EXIT_NO_RESTART,
+    Child,
+    RestartBudget,
+    python_module_args,
+)
 
+# Restarts of one generator in a row without progress (a learner step or a pushed group).
 MAX_GENERATOR_RESTARTS = 3
 POLL_S = 0.2
 
@@ -142,7 +154,7 @@ def redis_for_trial(cfg: ExperimentConfig, paths: TrialPaths) -> Iterator[str]:
         return
     from buffer.server import EmbeddedRedis
 
-    paths.redis_dir.mkdir(parents=True, exist_ok=True)
+    paths.redis_dir.mkdir(parents=True, exist_ok=True)  # EmbeddedRedis makes it 0700
     with EmbeddedRedis(paths.redis_dir, appendfsync=cfg.buffer.appendfsync) as server:
         yield server.url
 
@@ -232,7 +244,10 @@ def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     generators = [
         Child(
             f"generator-{i}",
-            [*component_args("generator", config_path, spec, paths, steps), "--id", f"gen-{i}"],
+            [
+                *component_args("generator", config_path, spec, paths, steps),
+                *("--id", generator_id(i)),
+            ],
             paths.component_log(f"generator-{i}"),
             env,
         )
@@ -242,7 +257,7 @@ def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     try:
         for child in children:
             child.start()
-        return _watch(learner, generators, paths, interrupted)
+        return _watch(launch, learner, generators, interrupted)
     finally:
         _stop_generators(redis_url, cfg, run_id)
         for child in reversed(children):
@@ -250,8 +265,10 @@ def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
 
 
 def _watch(
-    learner: Child, generators: list[Child], paths: TrialPaths, interrupted: SignalLatch
+    launch: Launch, learner: Child, generators: list[Child], interrupted: SignalLatch
 ) -> TrialOutcome:
+    paths = launch.paths
+    budgets = {gen.name: RestartBudget(MAX_GENERATOR_RESTARTS) for gen in generators}
     while True:
         if interrupted.caught:
             reason = "interrupted; resume with --resume"
@@ -259,19 +276,44 @@ def _watch(
         code = learner.poll()
         if code is not None:
             return _learner_finished(code, learner, paths)
-        for gen in generators:
+        for index, gen in enumerate(generators):
             gen_code = gen.poll()
             if gen_code is None or gen_code == 0:
                 continue
-            if gen.restarts >= MAX_GENERATOR_RESTARTS:
+            if gen_code == EXIT_NO_RESTART:
+                reason = f"{gen.name} failed: {gen.last_line().removeprefix('error: ')}"
+                return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+            if not budgets[gen.name].spend(_after_generator_crash(launch, generator_id(index))):
                 return TrialOutcome(
                     TrialStatus.FAILED,
                     _steps_done(paths),
-                    f"{gen.name} crashed {gen.restarts + 1} times; last log lines:\n{gen.tail()}",
+                    f"{gen.name} crashed {MAX_GENERATOR_RESTARTS + 1} times in a row with no "
+                    f"progress (no learner step, no group pushed); last log lines:\n{gen.tail()}",
                 )
-            gen.restarts += 1
             gen.start()
         time.sleep(POLL_S)
+
+
+def generator_id(index: int) -> str:
+    """The id generator `index` of a trial runs under, kept across its restarts."""
+    return f"gen-{index}"
+
+
+def _after_generator_crash(launch: Launch, gen_id: str) -> int:
+    """Expire the dead generator's leases, so its restart (same id) or any other generator takes
+    its tickets now rather than after DEFAULT_LEASE_S; returns the trial's progress, learner
+    steps plus tickets completed, which grows with any learner step or pushed group."""
+    from buffer.streams import TicketDispenser, connect
+
+    completed = 0
+    try:
+        with connect(launch.redis_url, launch.cfg.buffer.tls_ca_file) as client:
+            tickets = TicketDispenser(client, launch.run_id)
+            tickets.release_owned(gen_id)
+            completed = tickets.completed()
+    except (OSError, redis.RedisError) as exc:  # Redis down: the learner reports it; count steps
+        print(f"warning: cannot reach Redis after {gen_id} crashed: {exc}", flush=True)
+    return _steps_done(launch.paths) + completed
 
 
 def _learner_finished(code: int, learner: Child, paths: TrialPaths) -> TrialOutcome:
@@ -279,6 +321,13 @@ def _learner_finished(code: int, learner: Child, paths: TrialPaths) -> TrialOutc
     if code == 0 and outcome is not None:
         return TrialOutcome(
             TrialStatus(outcome["status"]), outcome["steps_completed"], outcome["diverged_reason"]
+        )
+    line = learner.last_line()
+    if line.startswith("error: "):  # a one-line error the learner explained (lost Redis, ...)
+        return TrialOutcome(
+            TrialStatus.FAILED,
+            _steps_done(paths),
+            f"learner failed: {line.removeprefix('error: ')}",
         )
     return TrialOutcome(
         TrialStatus.FAILED,

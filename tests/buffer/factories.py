@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from buffer.config import BufferConfig
-from buffer.schema import RolloutGroup, encode_group, make_group_id
+from buffer.schema import ROLLOUT_SCHEMA, RolloutGroup, encode_group, make_group_id
 
 RUN_ID = "run-test"
 CREATED_AT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
@@ -52,7 +52,7 @@ def fast_config(**overrides: object) -> BufferConfig:
 
 # ---- malformed messages (shared by the decode tests and the dead-letter tests) -------------------
 
-SMALL_MESSAGE_LIMIT = 4096  # max_message_bytes used with the oversize case
+SMALL_MESSAGE_LIMIT = 8192  # max_message_bytes used with the oversize case (a v2 group: ~2 KB)
 
 
 def _columns(group: RolloutGroup | None = None) -> dict[str, pa.Array]:
@@ -61,8 +61,11 @@ def _columns(group: RolloutGroup | None = None) -> dict[str, pa.Array]:
 
 
 def write_stream(columns: dict[str, pa.Array], batches: int = 1) -> bytes:
-    """Arrow IPC stream bytes of hand-made columns (types exactly as given)."""
-    batch = pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+    """Arrow IPC stream bytes of hand-made columns (types exactly as given), declared as the
+    current schema version (`decode_group` reads the layout the metadata names)."""
+    batch = pa.RecordBatch.from_arrays(
+        list(columns.values()), names=list(columns), metadata=ROLLOUT_SCHEMA.metadata
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         for _ in range(batches):

@@ -34,9 +34,15 @@ def test_schema_has_the_design_types() -> None:
         "policy_version": pa.int64(),
         "generator_id": pa.string(),
         "created_at": pa.timestamp("us", tz="UTC"),
+        # Schema v2 (tests/buffer/test_schema_v2.py): generation start and rollout routing.
+        "generation_started_at": pa.timestamp("us", tz="UTC"),
+        "routing_layers": pa.int32(),
+        "routing_top_k": pa.int32(),
+        "routed_experts": pa.list_(pa.int16()),
     }
     assert {f.name: f.type for f in ROLLOUT_SCHEMA} == expected
     assert ROLLOUT_SCHEMA.names == list(expected)
+    assert ROLLOUT_SCHEMA.metadata == {b"gspo.schema_version": b"2"}
 
 
 def test_round_trip_of_a_ragged_group() -> None:

@@ -19,6 +19,7 @@ from contract.record import read_trial_record
 from harness.experiment.grid import PlannedTrial, classify_trial
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
 from learner.checkpoint import CheckpointStore
+from learner.metrics_log import GroupLedger
 from tests.harness.trial_helpers import (
     REPO,
     assert_same_metrics,
@@ -129,6 +130,17 @@ def test_bounded_mode_never_exceeds_max_lag(tmp_path: Path) -> None:
     frame = metrics(tmp_path).loc[1:]
     assert (frame[M.STALENESS_MAX] <= 1).all()
     assert np.isfinite(frame[M.PERF_LEARNER_WAIT_FRAC]).all()
+    # Staleness accounting: every trained group's generation and queue times are positive and
+    # add up to its age (generation start -> taken), per group in the ledger and per step.
+    ledger = GroupLedger(tmp_path).read()
+    assert len(ledger) == 6 * 4
+    for row in ledger:
+        assert row["generation_s"] > 0 and row["queue_s"] > 0, row
+        assert row["generation_s"] + row["queue_s"] == pytest.approx(row["age_s"], abs=1e-6)
+        assert row["lag"] == row["step"] - 1 - row["policy_version"] <= 1
+    total = frame[M.STALENESS_GENERATION_S] + frame[M.STALENESS_QUEUE_S]
+    assert np.allclose(total, frame[M.STALENESS_AGE_S], atol=1e-6)
+    assert (frame[M.STALENESS_DROPPED] >= 0).all()
 
 
 def _run_with_learner_exit_after(out: Path, step: int, extra: tuple[str, ...] = ()) -> None:

@@ -125,6 +125,9 @@ def test_broadcast_batch_round_trips_every_field(two_ranks) -> None:
     assert set(received) == set(vars(sent))
     for name, tensor in received.items():
         expected = getattr(sent, name)
+        if expected is None:  # routed_experts: only batches from an MoE torch generator
+            assert tensor is None, name
+            continue
         assert tensor.dtype == expected.dtype and torch.equal(tensor, expected), name
 
 

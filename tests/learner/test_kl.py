@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.kl import kl, kl_from_log_ratio, truncated_importance_weights
+from learner.kl import kl, kl_from_log_ratio
 from learner.masking import masked_mean, masked_sum, masked_var
 
 LN2 = math.log(2.0)
@@ -49,25 +49,6 @@ def test_k3_estimates_kl_in_expectation() -> None:
 def test_kl_rejects_unknown_estimator() -> None:
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl(torch.zeros(1), torch.zeros(1), "k4")  # type: ignore[arg-type]
-
-
-def test_truncated_importance_weights_capped_and_detached() -> None:
-    # learner - behaviour log-ratios (ln 3, ln 0.5, 0) on the response, junk on padding.
-    behavior = torch.tensor([[-1.0, -2.0, -0.5, float("nan")]])
-    log_ratio = torch.tensor([[math.log(3.0), math.log(0.5), 0.0, 0.0]])
-    learner = (behavior + log_ratio).requires_grad_()
-    mask = torch.tensor([[1, 1, 1, 0]]).bool()
-    weights, stats = truncated_importance_weights(learner, behavior, mask, cap=2.0)
-    # min(3, 2) = 2, min(0.5, 2) = 0.5, min(1, 2) = 1; 0 off the mask
-    assert weights[0].tolist() == pytest.approx([2.0, 0.5, 1.0, 0.0], rel=1e-6)
-    assert not weights.requires_grad
-    assert stats["is_weight_mean"] == pytest.approx(3.5 / 3, rel=1e-6)
-    assert stats["is_weight_max"] == pytest.approx(3.0, rel=1e-6)  # before truncation
-    assert stats["is_trunc_frac"] == pytest.approx(1 / 3, rel=1e-6)
-    # k3 of KL(behaviour || learner): (3 - 1 - ln 3) + (0.5 - 1 + ln 2) + 0 = 1.094534892; / 3
-    assert stats["kl_behavior"] == pytest.approx(0.364844964, rel=1e-5)
-    with pytest.raises(ValueError, match="cap"):
-        truncated_importance_weights(learner, behavior, mask, cap=0.0)
 
 
 def test_masked_reductions_ignore_padding_and_empty_rows() -> None:

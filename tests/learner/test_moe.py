@@ -190,8 +190,10 @@ def test_each_arm_trains_the_moe_policy(moe_dir: Path, arm_name: str) -> None:
             models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
         )
         m = result.metrics
-        # Rows stay version 0, so engine mismatch is measured at step 0 only (NaN after).
-        checked = {k: v for k, v in m.items() if step == 0 or k != M.MISMATCH_KL_BEHAVIOR}
+        # Rows stay version 0: the engine gap is measured at step 0 only, the staleness gap after.
+        unmeasured = M.STALENESS_KL_BEHAVIOR if step == 0 else M.MISMATCH_KL_BEHAVIOR
+        assert math.isnan(m[unmeasured])
+        checked = {k: v for k, v in m.items() if k != unmeasured}
         assert all(math.isfinite(v) for v in checked.values()), m
         moe_keys = {k for k in m if k.startswith("moe/")}  # only the registered names
         assert moe_keys == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC}

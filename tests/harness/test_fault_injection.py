@@ -1,0 +1,140 @@
+"""Fault injection: one fixed-mode trial at lag 1 survives SIGKILLs of every component.
+
+Learner, generator, supervisor and Redis (AOF `always`) are each killed five times, in a seeded
+random order and at random moments (during start-up, mid-step, around checkpoints). After each
+kill that ends the trial it is resumed with `--resume`; a killed generator is restarted by the
+supervisor itself. The trial must end `completed` with the metrics of an uninterrupted run
+(timings aside), every group trained exactly once, and no process left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from contract.layout import TrialPaths
+from contract.record import read_trial_record
+from contract.trial import RESUMABLE_STATUSES
+from learner.metrics_log import GroupLedger
+from tests.harness.trial_helpers import (
+    REPO,
+    assert_same_metrics,
+    process_alive,
+    run_trial,
+    status,
+    trial_command,
+)
+
+STEPS, LAG, KILLS_EACH = 20, 1, 5
+COMPONENTS = ("learner", "generator", "supervisor", "redis")
+EXTRA = ("buffer.appendfsync=always",)
+
+
+def _start(out: Path, resume: bool) -> subprocess.Popen:
+    command = trial_command(out, "grpo", steps=STEPS, lag=LAG, resume=resume, extra=EXTRA)
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _redis_pids(out: Path) -> list[int]:
+    """redis-server processes serving this trial: Redis changes its working directory to its
+    data dir (the config reaches it on stdin, so the command line does not name it)."""
+    data_dir = TrialPaths(out).redis_dir.resolve()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            is_redis = b"redis-server" in (proc / "cmdline").read_bytes()
+            serves_trial = is_redis and Path(os.readlink(proc / "cwd")) == data_dir
+        except OSError:
+            continue
+        if serves_trial and process_alive(int(proc.name)):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _component_pid(out: Path, target: str, supervisor: subprocess.Popen) -> int | None:
+    if target == "supervisor":
+        return supervisor.pid
+    if target == "redis":
+        pids = _redis_pids(out)
+        return pids[0] if pids else None
+    name = "learner" if target == "learner" else "generator-0"
+    path = out / "logs" / f"{name}.pid"
+    if not path.exists():
+        return None
+    pid = int(path.read_text())
+    return pid if process_alive(pid) else None
+
+
+def _wait_and_kill(
+    out: Path, target: str, supervisor: subprocess.Popen, delay: float
+) -> int | None:
+    """Kill `target` once it runs, `delay` seconds after the trial (re)started; None when the
+    trial ended first."""
+    start = time.monotonic()
+    while time.monotonic() - start < 120:
+        if supervisor.poll() is not None:
+            return None
+        pid = _component_pid(out, target, supervisor)
+        if pid is not None and time.monotonic() - start >= delay:
+            os.kill(pid, signal.SIGKILL)
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{target} never ran within 120 s")
+
+
+def _assert_resumable(out: Path) -> None:
+    """Killed before it wrote trial.json (no record yet) or classified resumable."""
+    record = read_trial_record(out)
+    assert record is None or record.status in RESUMABLE_STATUSES, status(out)
+
+
+@pytest.mark.slow
+def test_every_component_killed_five_times_resumes_to_the_reference(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    done = run_trial(reference, "grpo", steps=STEPS, lag=LAG, extra=EXTRA)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    out = tmp_path / "faulty"
+    rng = random.Random(0)
+    plan = [c for c in COMPONENTS for _ in range(KILLS_EACH)]
+    rng.shuffle(plan)
+    kills: Counter[str] = Counter()
+    seen: set[int] = set()
+    supervisor = _start(out, resume=False)
+    for target in plan:
+        pid = None
+        while pid is None:
+            if supervisor.poll() is not None:  # a kill ended the trial: resume it
+                assert status(out) != "completed", f"completed before kill {kills.total() + 1}"
+                _assert_resumable(out)
+                supervisor = _start(out, resume=True)
+            seen.add(supervisor.pid)
+            pid = _wait_and_kill(out, target, supervisor, delay=rng.uniform(0.3, 4.0))
+        kills[target] += 1
+        seen.add(pid)
+        time.sleep(0.5)  # let the trial notice (a killed generator is restarted in place)
+    while supervisor.wait(timeout=600) != 0:
+        _assert_resumable(out)
+        supervisor = _start(out, resume=True)
+        seen.add(supervisor.pid)
+    assert status(out) == "completed"
+    assert kills == Counter(dict.fromkeys(COMPONENTS, KILLS_EACH))
+    assert_same_metrics(reference, out)
+    ids = [row["group_id"] for row in GroupLedger(out).read()]
+    assert len(ids) == len(set(ids)) == STEPS * 4  # prompts_per_step=4, each trained once
+    time.sleep(1.0)
+    for name in ("learner", "generator-0"):
+        path = out / "logs" / f"{name}.pid"
+        if path.exists():
+            seen.add(int(path.read_text()))
+    assert [pid for pid in seen if process_alive(pid)] == []
+    assert _redis_pids(out) == []
