@@ -16,7 +16,7 @@ import pandas as pd
 
 from analysis.stats import BootstrapSpec, aggregate_interval
 from analysis.summary import interval_row
-from analysis.trial_scores import by_condition, finished
+from analysis.trial_scores import by_condition, finished, reduce_metric
 from contract import metrics as mn
 
 SECTION = "corrections"
@@ -97,12 +97,6 @@ def column(trial: pd.DataFrame, name: str) -> np.ndarray:
     return trial[name].to_numpy(dtype=float)
 
 
-def finite_mean(values: np.ndarray) -> float:
-    """Mean of the finite values; NaN when there are none."""
-    values = values[np.isfinite(values)]
-    return float(values.mean()) if len(values) else math.nan
-
-
 def groups_per_step(trial: pd.DataFrame) -> float:
     """Groups the learner trained per step (`learner.prompts_per_step`, P), from the metrics.
 
@@ -179,7 +173,7 @@ def dropped_fraction(trial: pd.DataFrame, per_step: float) -> float:
 
 def trial_reductions(trial: pd.DataFrame) -> dict[str, float]:
     """Every per-trial number of this section for one trial's step table."""
-    out = {stat: finite_mean(column(trial, name)) for stat, name in STEP_MEANS.items()}
+    out = {stat: reduce_metric(trial, name, "mean") for stat, name in STEP_MEANS.items()}
     dropped = column(trial, mn.STALENESS_DROPPED)
     out["dropped_total"] = float(np.nansum(dropped)) if np.isfinite(dropped).any() else math.nan
     per_step = groups_per_step(trial)

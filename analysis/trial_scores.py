@@ -135,7 +135,8 @@ def grad_spike_rate(trial: pd.DataFrame, factor: float, window: int) -> float:
     return float(detect_spikes(measured, factor, window).mean())
 
 
-def _reduce(trial: pd.DataFrame, column: str, how: str) -> float:
+def reduce_metric(trial: pd.DataFrame, column: str, how: str) -> float:
+    """Mean (or max) of a metric's finite values in one trial; NaN when none or never logged."""
     if column not in trial.columns:
         return math.nan
     values = trial[column].to_numpy(dtype=float)
@@ -173,11 +174,11 @@ def score_trial(
         "time_to_threshold": t_hit,
         "reached_threshold": float(reached),
         "steps_per_s": learner_steps_per_s(trial),
-        "learner_wait_frac": _reduce(trial, mn.PERF_LEARNER_WAIT_FRAC, "mean"),
-        "gen_idle_frac": _reduce(trial, mn.PERF_GEN_IDLE_FRAC, "mean"),
+        "learner_wait_frac": reduce_metric(trial, mn.PERF_LEARNER_WAIT_FRAC, "mean"),
+        "gen_idle_frac": reduce_metric(trial, mn.PERF_GEN_IDLE_FRAC, "mean"),
         "grad_spike_rate": grad_spike_rate(trial, config.spike_factor, config.spike_window),
-        "max_kl_old": _reduce(trial, mn.POLICY_KL_OLD, "max"),
-        "clip_frac_mean": _reduce(trial, mn.POLICY_CLIP_FRAC, "mean"),
+        "max_kl_old": reduce_metric(trial, mn.POLICY_KL_OLD, "max"),
+        "clip_frac_mean": reduce_metric(trial, mn.POLICY_CLIP_FRAC, "mean"),
     }
 
 
