@@ -269,7 +269,7 @@ class StepRouting:
        and keeps the learner's own routing of it (`old`);
     2. `replay(rows)` wraps a minibatch forward: `routing_replay: old` replays `old`'s experts of
        those rows, `rollout` the generator's (`rollout`, from `RolloutBatch.routed_experts`);
-    3. `metrics(...)` runs one extra no-grad forward of the updated policy and returns `moe/*`
+    3. `metrics(mask)` runs one extra no-grad forward of the updated policy and returns `moe/*`
        over the positions that score response tokens (`predicting_positions`).
 
     With `rollout` the start-of-step forward replays the generator's experts too (pi_old on the
@@ -285,7 +285,8 @@ class StepRouting:
         self,
         policy: nn.Module,
         replay: RoutingReplay,
-        batch_shape: torch.Size,
+        input_ids: Tensor,
+        attention_mask: Tensor,
         rollout: Tensor | None = None,
     ) -> None:
         self.policy = policy
@@ -297,7 +298,8 @@ class StepRouting:
                 "model.arch: qwen3_moe, or routing_replay: off"
             )
         self.mode = replay
-        self.batch, self.length = int(batch_shape[0]), int(batch_shape[1])
+        self.input_ids, self.attention_mask = input_ids, attention_mask  # the step's batch
+        self.batch, self.length = int(input_ids.shape[0]), int(input_ids.shape[1])
         if replay == "rollout" and rollout is None:
             raise ValueError(
                 "routing_replay: rollout replays the experts the generator routed each token "
@@ -322,12 +324,16 @@ class StepRouting:
             self.old = recorder.routing(self.batch, self.length)
             return
         assert self.rollout is not None  # checked in __init__
-        with _first_call(self.policy) as call, replay_experts(self.policy, self.rollout):
+        with replay_experts(self.policy, self.rollout):
             yield  # pi_old: the learner's weights on the generator's experts
-        args, kwargs = call
-        with torch.no_grad(), capture_routing(self.policy) as recorder:
-            self.policy(*args, **kwargs)  # the learner's own routing, no replay
-        self.old = recorder.routing(self.batch, self.length)
+        self.old = self._own_routing()  # the learner's own routing of the batch, no replay
+
+    @torch.no_grad()
+    def _own_routing(self) -> Routing:
+        """The policy's own routing of the step's batch, from a no-grad forward without replay."""
+        with capture_routing(self.policy) as recorder:
+            policy_logprobs(self.policy, self.input_ids, self.attention_mask)
+        return recorder.routing(self.batch, self.length)
 
     def replay(self, rows: Tensor) -> AbstractContextManager[None]:
         if self.mode == "off" or not self.active:
@@ -340,14 +346,12 @@ class StepRouting:
         return replay_routing(self.policy, self.old.rows(rows))
 
     @torch.no_grad()
-    def metrics(self, input_ids: Tensor, attention_mask: Tensor, mask: Tensor) -> dict[str, float]:
+    def metrics(self, mask: Tensor) -> dict[str, float]:
         if not self.active:
             return {}
         if self.old is None:
             raise RuntimeError("StepRouting.metrics before capture_old: pi_old's routing is unset")
-        with capture_routing(self.policy) as recorder:
-            policy_logprobs(self.policy, input_ids, attention_mask)
-        new = recorder.routing(self.batch, self.length)
+        new = self._own_routing()
         return routing_metrics(self.old, new, predicting_positions(mask), self.rollout)
 
 
@@ -366,27 +370,3 @@ def _check_rollout(rollout: Tensor, routers: list[nn.Module], shape: tuple[int, 
             f"the batch's routed_experts hold experts {int(rollout.min())}..{int(rollout.max())}"
             f", outside this policy's 0..{experts - 1}; the generator served another model"
         )
-
-
-@contextmanager
-def _first_call(module: nn.Module) -> Iterator[tuple[list, dict]]:
-    """The (args, kwargs) of the first forward of `module` inside, filled in when it runs.
-
-    Lets `StepRouting.capture_old` repeat the start-of-step forward without replay on exactly
-    the inputs `learner.step` gave it.
-    """
-    args: list = []
-    kwargs: dict = {}
-
-    def hook(_m: nn.Module, call_args: tuple, call_kwargs: dict) -> None:
-        if not args and not kwargs:
-            args.extend(call_args)
-            kwargs.update(call_kwargs)
-
-    handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-    try:
-        yield args, kwargs
-    finally:
-        handle.remove()
-    if not args and not kwargs:
-        raise RuntimeError("StepRouting.capture_old wrapped no forward of the policy")

@@ -226,7 +226,7 @@ def train_on_batch(
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     acc: dict[str, list[float]] = {}
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
-    routing = StepRouting(policy, arm.routing_replay, ids.shape, batch.routed_experts)
+    routing = StepRouting(policy, arm.routing_replay, ids, attn, batch.routed_experts)
     critic = unwrap(value) if value else None
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
         with routing.capture_old():
@@ -284,6 +284,6 @@ def train_on_batch(
     metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, result.grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
     with scoring(policy):
-        metrics |= routing.metrics(ids, attn, mask)  # moe/* after the updates (MoE only)
+        metrics |= routing.metrics(mask)  # moe/* after the updates (MoE only)
     result.metrics = metrics
     return result

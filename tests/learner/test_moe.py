@@ -222,7 +222,7 @@ def test_replay_reproduces_pi_old_and_departs_from_plain_forward_after_update() 
     model = tiny_moe()
     batch = moe_batch(model)
     ids, attn = batch.input_ids, batch.attention_mask
-    routing = StepRouting(model, "old", ids.shape)
+    routing = StepRouting(model, "old", ids, attn)
     with torch.no_grad(), routing.capture_old():
         old_lp, _ = policy_logprobs(model, ids, attn)
     all_rows = torch.arange(ids.shape[0])
@@ -237,7 +237,7 @@ def test_replay_reproduces_pi_old_and_departs_from_plain_forward_after_update() 
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.gate.weight.add_(torch.randn_like(layer.mlp.gate.weight))
-    assert routing.metrics(ids, attn, batch.response_mask)[M.MOE_ROUTING_CHANGE_FRAC] > 0
+    assert routing.metrics(batch.response_mask)[M.MOE_ROUTING_CHANGE_FRAC] > 0
     with torch.no_grad(), routing.replay(all_rows):
         replayed_lp, _ = policy_logprobs(model, ids, attn)
     with torch.no_grad():
@@ -249,8 +249,8 @@ def test_replay_reproduces_pi_old_and_departs_from_plain_forward_after_update() 
 def test_dense_policy_has_no_moe_metrics_and_refuses_replay() -> None:
     dense = tiny_policy()
     assert not is_moe(dense) and is_moe(tiny_moe())
-    shape = torch.Size([2, 5])
     ids = torch.randint(3, VOCAB, (2, 5))
-    assert StepRouting(dense, "off", shape).metrics(ids, torch.ones_like(ids), ids.float()) == {}
+    attn = torch.ones_like(ids)
+    assert StepRouting(dense, "off", ids, attn).metrics(ids.float()) == {}
     with pytest.raises(ValueError, match="routing_replay: old needs an MoE policy"):
-        StepRouting(dense, "old", shape)
+        StepRouting(dense, "old", ids, attn)

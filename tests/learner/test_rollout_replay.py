@@ -143,7 +143,7 @@ def test_dense_generator_records_nothing(tmp_path: Path) -> None:
 def test_r3_reproduces_the_behaviour_logprobs(model_dir: Path, batch: RolloutBatch) -> None:
     model = load_reference(model_dir)
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
-    routing = StepRouting(model, "rollout", ids.shape, batch.routed_experts)
+    routing = StepRouting(model, "rollout", ids, attn, batch.routed_experts)
     with scoring(model):
         with routing.capture_old():
             r3_lp, _ = policy_logprobs(model, ids, attn)  # pi_old on the sampler's experts
@@ -157,7 +157,7 @@ def test_r3_reproduces_the_behaviour_logprobs(model_dir: Path, batch: RolloutBat
     with scoring(model), routing.replay(rows):
         minibatch_lp, _ = policy_logprobs(model, ids[rows], attn[rows])
     assert torch.equal(minibatch_lp[response[rows]], r3_lp[rows][response[rows]])
-    metrics = routing.metrics(ids, attn, mask)
+    metrics = routing.metrics(mask)
     assert metrics[M.MOE_ROLLOUT_ROUTING_MISMATCH] == 0.0  # same weights, same experts
     assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == 0.0  # no update in between
 
@@ -190,13 +190,13 @@ def test_replay_matters_when_the_router_has_moved(model_dir: Path, batch: Rollou
     response = mask.bool()
     assert not torch.equal(replayed_lp[response], plain_lp[response])
     # StepRouting measures the mismatch on the scored positions from an unreplayed forward.
-    routing = StepRouting(model, "rollout", ids.shape, batch.routed_experts)
+    routing = StepRouting(model, "rollout", ids, attn, batch.routed_experts)
     with scoring(model), routing.capture_old():
         step_lp, _ = policy_logprobs(model, ids, attn)
     assert torch.equal(step_lp, replayed_lp)
     scored = predicting_positions(mask)
     expected = routing_change_per_layer(own, batch.routed_experts, scored).mean().item()
-    metrics = routing.metrics(ids, attn, mask)
+    metrics = routing.metrics(mask)
     assert metrics[M.MOE_ROLLOUT_ROUTING_MISMATCH] == pytest.approx(expected, rel=1e-6)
     assert expected > 0
     # old = the learner's own unreplayed routing, so no update means no routing change.
@@ -228,13 +228,13 @@ def test_r3_arm_trains(model_dir: Path, batch: RolloutBatch) -> None:
 def test_rollout_replay_without_routing_is_refused(model_dir: Path, batch: RolloutBatch) -> None:
     model = load_reference(model_dir)
     with pytest.raises(ValueError, match=r"routing_replay: rollout .* carries none"):
-        StepRouting(model, "rollout", batch.input_ids.shape, None)
+        StepRouting(model, "rollout", batch.input_ids, batch.attention_mask, None)
     shorter = batch.routed_experts[:, :, :-1]
     with pytest.raises(ValueError, match="routed_experts have shape"):
-        StepRouting(model, "rollout", batch.input_ids.shape, shorter)
+        StepRouting(model, "rollout", batch.input_ids, batch.attention_mask, shorter)
     foreign = batch.routed_experts + CHAR_MOE.experts
     with pytest.raises(ValueError, match=r"outside this policy's 0\.\.7"):
-        StepRouting(model, "rollout", batch.input_ids.shape, foreign)
+        StepRouting(model, "rollout", batch.input_ids, batch.attention_mask, foreign)
 
 
 def _config(tmp_path: Path, backend: str, arch: str = "qwen3_moe"):
