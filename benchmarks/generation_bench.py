@@ -122,7 +122,15 @@ def _length_to_eos(ids: list[int]) -> int:
     return ids.index(EOS_ID) + 1 if EOS_ID in ids else len(ids)
 
 
-def bench_vllm(model_dir: Path, requests: list[GenRequest], threads: int, repeats: int) -> dict:
+def bench_vllm(
+    model_dir: Path,
+    requests: list[GenRequest],
+    threads: int,
+    repeats: int,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> dict:
     """Harness VLLMGenerator vs a bare LLM.generate with identical SamplingParams, interleaved."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -134,8 +142,8 @@ def bench_vllm(model_dir: Path, requests: list[GenRequest], threads: int, repeat
         model_dir,
         sampling=SamplingSettings(),
         eos_token_id=EOS_ID,
-        device="cpu",
-        dtype="float32",
+        device=device,
+        dtype=dtype,
         threads=threads,
         seed=0,
         gpu_memory_utilization=0.5,
@@ -198,6 +206,12 @@ def bench_size(name: str, args: argparse.Namespace, workdir: Path) -> dict:
     model_dir = workdir / name
     params = build_model(SIZES[name], model_dir)
     requests = make_requests(args.prompts, args.group_size, args.max_new_tokens)
+    if args.device == "cuda":  # the GPU check: the harness's vLLM against bare vLLM only
+        row = {"params": params}
+        row |= bench_vllm(
+            model_dir, requests, args.threads, args.repeats, device="cuda", dtype=args.dtype
+        )
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}
     set_torch_threads(args.threads)
     torch_gen = TorchGenerator(
         model_dir,
@@ -236,7 +250,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8, help="Samples per prompt.")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="Response budget.")
     parser.add_argument("--repeats", type=int, default=None, help="Timed runs per backend.")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: only the harness's vLLM generator against bare vLLM, on the GPU.",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="Engine dtype (default: float32 on CPU, bfloat16 on CUDA).",
+    )
     args = parser.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.exit(2, "generation_bench: --device cuda but torch sees no CUDA device\n")
     args.prompts = args.prompts or (8 if args.quick else 16)
     args.max_new_tokens = args.max_new_tokens or (16 if args.quick else 48)
     args.repeats = args.repeats or (3 if args.quick else 5)
@@ -253,6 +282,8 @@ def main(argv: list[str] | None = None) -> dict:
         "group_size": args.group_size,
         "max_new_tokens": args.max_new_tokens,
         "repeats": args.repeats,
+        "device": args.device,
+        "dtype": args.dtype,
     }
     with tempfile.TemporaryDirectory(prefix="generation-bench-") as workdir:
         for name in args.sizes:

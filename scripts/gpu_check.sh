@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The prepared GPU check (issue 16), for a machine with one NVIDIA GPU:
+#   1. setup (scripts/setup.sh picks the `gpu` extra: vLLM with CUDA);
+#   2. a short fixed-mode trial of configs/gpu_check.yaml: the built-in model, vLLM on CUDA in
+#      bfloat16, the learner on CUDA; checked for completion, finite metrics and the device used;
+#   3. benchmarks/generation_bench.py --device cuda: the harness's vLLM generator vs bare vLLM;
+#   4. benchmarks/learner_bench.py --device cuda --dtype bfloat16: tokens/s and MFU.
+# Prints one JSON line (the last line) and exits 0 only if every part passed. It never falls back
+# to the CPU: without a visible GPU, or with a CPU build of torch, it stops at once, non-zero.
+# Budget: 8 minutes on one H200 after the packages are downloaded; each stage has its own limit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+fail() { printf 'gpu_check: FAILED: %s\n' "$*" >&2; exit 1; }
+stage() { printf '\033[1m[gpu_check]\033[0m %s\n' "$*" >&2; }
+started=$(date +%s)
+
+command -v nvidia-smi >/dev/null 2>&1 \
+  || fail "nvidia-smi not found: this check needs an NVIDIA GPU and refuses to fall back to the CPU"
+nvidia-smi -L 2>/dev/null | grep -q '^GPU ' \
+  || fail "nvidia-smi lists no GPU: this check refuses to fall back to the CPU"
+
+stage "setup"
+timeout 900 bash scripts/setup.sh >&2 || fail "scripts/setup.sh failed"
+grep -q 'gpu' .venv/.gspo-harness-installed \
+  || fail "setup did not install the gpu extra (see .venv/.gspo-harness-installed)"
+.venv/bin/python -c '
+import sys, torch
+if not torch.cuda.is_available():
+    sys.exit(f"torch {torch.__version__} sees no CUDA device (a CPU build?)")
+' || fail "torch cannot use the GPU"
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/gpu-check-XXXXXX")"
+stage "trial (configs/gpu_check.yaml) -> $work/run"
+timeout 300 .venv/bin/harness run configs/gpu_check.yaml --out "$work/run" >"$work/trial.log" 2>&1 \
+  || { tail -n 40 "$work/trial.log" >&2; fail "the GPU trial failed (log: $work/trial.log)"; }
+.venv/bin/python scripts/gpu_check_trial.py "$work/run" >"$work/trial.json" \
+  || fail "the GPU trial's output is wrong (see above)"
+
+stage "generation benchmark: harness vLLM vs bare vLLM on CUDA"
+timeout 240 .venv/bin/python benchmarks/generation_bench.py --device cuda --dtype bfloat16 \
+  --prompts 64 --max-new-tokens 128 --repeats 3 >"$work/generation.log" 2>&1 \
+  || { tail -n 40 "$work/generation.log" >&2; fail "generation_bench failed"; }
+tail -n 1 "$work/generation.log" >"$work/generation.json"
+
+stage "learner throughput (bf16 autocast)"
+timeout 180 .venv/bin/python benchmarks/learner_bench.py --device cuda --dtype bfloat16 \
+  >"$work/learner.log" 2>&1 || { tail -n 40 "$work/learner.log" >&2; fail "learner_bench failed"; }
+tail -n 1 "$work/learner.log" >"$work/learner.json"
+
+elapsed=$(( $(date +%s) - started ))
+.venv/bin/python - "$work" "$elapsed" <<'PY'
+import json, sys
+from pathlib import Path
+work, elapsed = Path(sys.argv[1]), int(sys.argv[2])
+parts = {name: json.loads((work / f"{name}.json").read_text()) for name in ("trial", "generation", "learner")}
+print(json.dumps({"gpu_check": "passed", "wall_s": elapsed, "workdir": str(work), **parts}))
+PY
