@@ -26,8 +26,12 @@ class RecordError(ValueError):
     """A rollout record is malformed; the message names the field and what was wrong with it."""
 
 
-def check_group(g: RolloutGroup) -> None:
-    """Every invariant the learner relies on; raises RecordError naming the first violation."""
+def check_group(g: RolloutGroup, *, payload_checked: bool = False) -> None:
+    """Every invariant the learner relies on; raises RecordError naming the first violation.
+
+    `payload_checked`: `check_payload` already ran on the group's flat token and logprob arrays
+    (decode_group has them as one array each), so those two checks are not repeated per sample.
+    """
     where = f"group {g.group_id!r}"
     for name in ("run_id", "group_id", "generator_id"):
         if not isinstance(getattr(g, name), str) or not getattr(g, name):
@@ -61,11 +65,13 @@ def check_group(g: RolloutGroup) -> None:
             f"{where}: response_ids lengths {lengths} != behavior_logprobs lengths {lp_lengths}; "
             "the generator must emit exactly one logprob per response token"
         )
-    tokens = np.concatenate([g.prompt_ids, *g.response_ids])
-    if tokens.min() < 0:
-        raise RecordError(f"{where}: negative token id {int(tokens.min())}")
-    if sum(lengths) and not np.isfinite(np.concatenate(g.behavior_logprobs)).all():
-        raise RecordError(f"{where}: non-finite behavior logprob (NaN or inf) in a response")
+    if not payload_checked:
+        check_payload(
+            g.prompt_ids,
+            np.concatenate(g.response_ids),
+            np.concatenate(g.behavior_logprobs),
+            where,
+        )
     if not all(math.isfinite(r) for r in g.rewards):
         raise RecordError(f"{where}: non-finite reward in {g.rewards}")
     bad = sorted(set(g.finish_reasons) - FINISH_REASONS)
@@ -79,6 +85,17 @@ def check_group(g: RolloutGroup) -> None:
     _check_times(g, where)
     if g.routed_experts is not None:
         _check_routing(g.routed_experts, len(g.prompt_ids), lengths, where)
+
+
+def check_payload(
+    prompt_ids: np.ndarray, response_ids: np.ndarray, logprobs: np.ndarray, where: str
+) -> None:
+    """Token ids >= 0 and finite logprobs, on the flat arrays (all responses concatenated)."""
+    lowest = min(int(prompt_ids.min()), int(response_ids.min()) if response_ids.size else 0)
+    if lowest < 0:
+        raise RecordError(f"{where}: negative token id {lowest}")
+    if logprobs.size and not np.isfinite(logprobs).all():
+        raise RecordError(f"{where}: non-finite behavior logprob (NaN or inf) in a response")
 
 
 def _check_times(g: RolloutGroup, where: str) -> None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -101,6 +101,21 @@ class RolloutBuffer:
         max_message_bytes (RecordError) before anything is sent.
         """
         return self._outbox.push(group, batch_index, ticket)
+
+    def push_many(
+        self,
+        groups: Sequence[RolloutGroup],
+        batch_index: int,
+        tickets: Sequence[int | None] | None = None,
+    ) -> list[str]:
+        """`push` of several groups of one batch in two round trips for all of them (a
+        generator's round); returns each one's entry id ('' for one pushed before).
+
+        Each group completes its own ticket atomically with its entry. Every group is encoded
+        and checked before anything is sent (RecordError: none is written).
+        """
+        tickets = [None] * len(groups) if tickets is None else tickets
+        return self._outbox.push_many(groups, batch_index, tickets)
 
     def depth(self) -> int:
         """Groups unconsumed or read-but-unacked (the stream's length)."""

@@ -26,8 +26,9 @@ them.
 
 from __future__ import annotations
 
+import functools
 import itertools
-from dataclasses import dataclass, fields
+from dataclasses import InitVar, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
@@ -35,11 +36,20 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from buffer.arrow_columns import TIMESTAMP, flat, list_array, numeric, repeated, strings
+from buffer.arrow_columns import (
+    TIMESTAMP,
+    flat,
+    list_array,
+    numeric,
+    repeated,
+    strings,
+    view,
+)
 from buffer.record_checks import (
     SCHEMA_VERSION_KEY,
     RecordError,
     check_group,
+    check_payload,
     check_schema,
     int16_experts,
     int32_ids,
@@ -123,8 +133,11 @@ class RolloutGroup:
     created_at: datetime
     generation_started_at: datetime | None = None
     routed_experts: list[ExpertArray] | None = None
+    # decode_group only: it checked token ids and logprobs on the message's flat columns, one
+    # numpy pass each, so the per-sample passes of check_group are skipped (same checks).
+    payload_checked: InitVar[bool] = False
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, payload_checked: bool) -> None:
         try:
             prompt = int32_ids(self.prompt_ids)
             responses = [int32_ids(r) for r in self.response_ids]
@@ -150,7 +163,7 @@ class RolloutGroup:
         coerce(self, "routed_experts", routed)
         if self.generation_started_at is None:
             coerce(self, "generation_started_at", self.created_at)
-        check_group(self)
+        check_group(self, payload_checked=payload_checked)
 
     @property
     def num_samples(self) -> int:
@@ -198,10 +211,10 @@ def encode_group(group: RolloutGroup) -> bytes:
     started = group.generation_started_at
     assert started is not None  # filled in by __post_init__
     columns = {
-        "run_id": repeated(group.run_id, n),
+        "run_id": _constant_strings(group.run_id, n),
         "group_id": repeated(group.group_id, n),
         "prompt_index": _filled(group.prompt_index, n, pa.int64()),
-        "sample_index": numeric(np.arange(n, dtype=np.int32), pa.int32()),
+        "sample_index": _sample_index(n),
         "prompt_ids": list_array([group.prompt_ids] * n, pa.int32()),
         "response_ids": list_array(group.response_ids, pa.int32()),
         "behavior_logprobs": list_array(group.behavior_logprobs, pa.float32()),
@@ -209,11 +222,11 @@ def encode_group(group: RolloutGroup) -> bytes:
         "reward_info": strings(group.reward_infos),
         "finish_reason": strings(group.finish_reasons),
         "policy_version": _filled(group.policy_version, n, pa.int64()),
-        "generator_id": repeated(group.generator_id, n),
+        "generator_id": _constant_strings(group.generator_id, n),
         "created_at": _filled(_micros(group.created_at), n, TIMESTAMP),
         "generation_started_at": _filled(_micros(started), n, TIMESTAMP),
-        "routing_layers": _filled(layers, n, pa.int32()),
-        "routing_top_k": _filled(top_k, n, pa.int32()),
+        "routing_layers": _constant_ints(layers, n),
+        "routing_top_k": _constant_ints(top_k, n),
         "routed_experts": _routed_column(group.routed_experts, n),
     }
     batch = pa.RecordBatch.from_arrays(
@@ -226,12 +239,35 @@ def encode_group(group: RolloutGroup) -> bytes:
 
 
 def _routed_column(routed: list[ExpertArray] | None, n: int) -> pa.ListArray:
-    """Flat per-sample routing; without routing, n empty lists built directly (the common
-    case: half the cost of going through `list_array`)."""
+    """Flat per-sample routing; without routing, n empty lists (cached: the common case)."""
     if routed is not None:
         return list_array([a.reshape(-1) for a in routed], pa.int16())
+    return _no_routing(n)
+
+
+# Columns that repeat across the groups of a run are built once (Arrow arrays are immutable, so
+# sharing them between messages is safe): a group's encode then builds only its own columns.
+@functools.lru_cache(maxsize=64)
+def _no_routing(n: int) -> pa.ListArray:
     offsets = numeric(np.zeros(n + 1, dtype=np.int32), pa.int32())
     return pa.ListArray.from_arrays(offsets, numeric(_NO_ROUTING, pa.int16()))
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_index(n: int) -> pa.Array:
+    return numeric(np.arange(n, dtype=np.int32), pa.int32())
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_strings(value: str, n: int) -> pa.Array:
+    """run_id and generator_id: one value per run or generator."""
+    return repeated(value, n)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_ints(value: int, n: int) -> pa.Array:
+    """routing_layers and routing_top_k: one pair per model."""
+    return _filled(value, n, pa.int32())
 
 
 def _filled(value: int, n: int, arrow_type: pa.DataType) -> pa.Array:
@@ -262,17 +298,14 @@ def decode_group(
     for name, column in cols.items():
         if column.null_count or (isinstance(column, pa.ListArray) and column.values.null_count):
             raise RecordError(f"column {name!r} has nulls; every field is required")
-    scalars = {name: cols[name].to_pylist() for name in _GROUP_SCALARS[version]}
+    scalars = {name: _group_scalar(name, cols[name]) for name in _GROUP_SCALARS[version]}
     for name in _TIMESTAMPS[version]:
-        scalars[name] = cols[name].view(pa.int64()).to_pylist()  # µs since epoch
-    for name, values in scalars.items():
-        if values.count(values[0]) != len(values):
-            raise RecordError(f"inconsistent group: rows disagree on {name} ({values[:4]}...)")
-    run_id = scalars["run_id"][0]
+        scalars[name] = _group_scalar(name, cols[name].view(pa.int64()))  # µs since epoch
+    run_id = scalars["run_id"]
     if expected_run_id is not None and run_id != expected_run_id:
         raise RecordError(f"unknown run id {run_id!r}: this buffer serves run {expected_run_id!r}")
     n = batch.num_rows
-    if cols["sample_index"].to_pylist() != list(range(n)):
+    if not np.array_equal(view(cols["sample_index"]), np.arange(n)):
         raise RecordError(f"sample_index must be 0..{n - 1} in row order")
     resp_values, resp_offsets = flat(cols["response_ids"])
     lp_values, lp_offsets = flat(cols["behavior_logprobs"])
@@ -283,28 +316,38 @@ def decode_group(
         )
     bounds = list(itertools.pairwise(resp_offsets.tolist()))
     prompt = _shared_prompt(cols["prompt_ids"], n)
-    created = _EPOCH + timedelta(microseconds=scalars["created_at"][0])
+    check_payload(prompt, resp_values, lp_values, f"group {scalars['group_id']!r}")
+    created = _EPOCH + timedelta(microseconds=scalars["created_at"])
     started, routed = created, None
     if version >= 2:
-        started = _EPOCH + timedelta(microseconds=scalars["generation_started_at"][0])
-        shape = (scalars["routing_layers"][0], scalars["routing_top_k"][0])
+        started = _EPOCH + timedelta(microseconds=scalars["generation_started_at"])
+        shape = (scalars["routing_layers"], scalars["routing_top_k"])
         routed = _routing(cols["routed_experts"], shape, len(prompt), np.diff(resp_offsets))
     return RolloutGroup(
         run_id=run_id,
-        group_id=scalars["group_id"][0],
-        prompt_index=scalars["prompt_index"][0],
+        group_id=scalars["group_id"],
+        prompt_index=scalars["prompt_index"],
         prompt_ids=prompt,
         response_ids=[resp_values[a:b] for a, b in bounds],
         behavior_logprobs=[lp_values[a:b] for a, b in bounds],
-        rewards=cols["reward"].to_pylist(),
+        rewards=view(cols["reward"]).tolist(),
         reward_infos=cols["reward_info"].to_pylist(),
         finish_reasons=cols["finish_reason"].to_pylist(),
-        policy_version=scalars["policy_version"][0],
-        generator_id=scalars["generator_id"][0],
+        policy_version=scalars["policy_version"],
+        generator_id=scalars["generator_id"],
         created_at=created,
         generation_started_at=started,
         routed_experts=routed,
+        payload_checked=True,
     )
+
+
+def _group_scalar(name: str, column: pa.Array) -> int | str:
+    """The one value a group-level column repeats on every row; RecordError if rows disagree."""
+    values = column.to_pylist()
+    if values.count(values[0]) != len(values):
+        raise RecordError(f"inconsistent group: rows disagree on {name} ({values[:4]}...)")
+    return values[0]
 
 
 def schema_version(schema: pa.Schema) -> int:

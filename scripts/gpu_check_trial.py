@@ -36,6 +36,7 @@ def check_trial(trial_dir: Path) -> dict[str, object]:
         raise SystemExit(f"{trial_dir}: status {record.status}: {record.failure_reason}")
     table = ds.dataset(str(TrialPaths(trial_dir).metrics), format="parquet").to_table()
     rows = table.sort_by(M.STEP).to_pylist()
+    rows = [r for r in rows if r[M.STEP] >= 1]  # step 0 holds the initial eval alone
     if len(rows) != record.steps_planned:
         raise SystemExit(f"{trial_dir}: {len(rows)} metric rows for {record.steps_planned} steps")
     for row in rows:
