@@ -42,8 +42,21 @@ def summarise(out: Path, warmup: int) -> dict[str, float]:
     """Steady-state figures: the first `warmup` steps (engine start, first weights) are skipped."""
     frame = MetricsLog(out).read().to_pandas().set_index(M.STEP).loc[warmup + 1 :]
     span = frame[M.TIMESTAMP].iloc[-1] - frame[M.TIMESTAMP].iloc[0]
+    per_step = span / (len(frame) - 1)
+    step_s = frame[M.PERF_LEARNER_STEP_S]
+    # Where a step's wall time goes (seconds per step; checkpoint amortised over all steps).
+    # `other` is the rest of the step's wall time: metrics, ledger, telemetry reads.
+    breakdown = {
+        "wait_s": float((step_s * frame[M.PERF_LEARNER_WAIT_FRAC]).mean()),
+        "train_s": float(frame[M.PERF_LEARNER_TRAIN_S].mean()),
+        "publish_s": float(frame[M.PERF_WEIGHT_PUBLISH_S].mean()),
+        "checkpoint_s": float(frame[M.PERF_CHECKPOINT_S].fillna(0.0).mean()),
+    }
+    breakdown["other_s"] = per_step - sum(breakdown.values())
     return {
-        "steps_per_s": (len(frame) - 1) / span,
+        "steps_per_s": 1.0 / per_step,
+        **breakdown,
+        "generator_reload_s": float(frame[M.PERF_WEIGHT_SYNC_S].median()),
         "learner_wait_frac": float(np.median(frame[M.PERF_LEARNER_WAIT_FRAC])),
         "gen_idle_frac": float(frame[M.PERF_GEN_IDLE_FRAC].iloc[-1]),
         "staleness_mean": float(frame[M.STALENESS_MEAN].mean()),
@@ -56,11 +69,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (under a few minutes)")
     parser.add_argument("--backend", default="vllm", choices=["vllm", "torch"])
+    parser.add_argument("--lags", default=",".join(map(str, LAGS)), help="comma-separated")
     args = parser.parse_args()
+    lags = [int(x) for x in args.lags.split(",")]
+    if lags[0] != 0:
+        parser.error("--lags must start with 0 (the speed-ups are over lag 0)")
     steps, warmup = (12, 2) if args.quick else (40, 5)
     results: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for lag in LAGS:
+        for lag in lags:
             out = Path(tmp) / f"lag{lag}"
             run_trial(out, lag, steps, args.backend)
             results[lag] = summarise(out, warmup)
@@ -68,6 +85,8 @@ def main() -> None:
     base = results[0]["steps_per_s"]
     summary = {
         "benchmark": "trial_bench",
+        "note": "per-step seconds: wait + train + publish + checkpoint + other = 1 / steps_per_s; "
+        "generator_reload_s is the generator's weight load per new version",
         "backend": args.backend,
         "steps": steps,
         "by_lag": {str(lag): {k: round(v, 4) for k, v in r.items()} for lag, r in results.items()},

@@ -30,7 +30,7 @@ VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
@@ -85,6 +85,13 @@ class RolloutSink(Protocol):
     """Where a generator pushes its groups (RolloutBuffer)."""
 
     def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str: ...
+
+    def push_many(
+        self,
+        groups: Sequence[RolloutGroup],
+        batch_index: int,
+        tickets: Sequence[int | None] | None = None,
+    ) -> list[str]: ...
 
 
 class RolloutSource(Protocol):
