@@ -275,34 +275,34 @@ def group_digest(group: RolloutGroup, batch_index: int) -> str:
     logprobs (float32 bits), reward, reward info, finish reason and routed experts. Leaves out
     created_at, generation_started_at and generator_id: a group regenerated after a generator
     restart (fixed mode: same seeds, same weights) differs only in those and is the same group.
-    Every field is length-prefixed, so no two different groups share an encoding.
+    Every field is length-prefixed and the per-sample lengths precede the concatenated tokens,
+    so no two different groups share an encoding; the arrays are hashed as one buffer each (a
+    few hash updates per group, not a few per sample).
     """
     h = hashlib.sha256()
 
-    def put(data: bytes) -> None:
-        h.update(struct.pack("<Q", len(data)))
+    def put(data: bytes | np.ndarray) -> None:
+        h.update(struct.pack("<Q", len(data) if isinstance(data, bytes) else data.nbytes))
         h.update(data)
 
     put(group.run_id.encode())
     put(group.group_id.encode())
-    put(
-        struct.pack(
-            "<qqqq", group.prompt_index, batch_index, group.policy_version, len(group.response_ids)
-        )
-    )
-    put(np.asarray(group.prompt_ids, dtype="<i4").tobytes())
+    n = len(group.response_ids)
+    put(struct.pack("<qqqq", group.prompt_index, batch_index, group.policy_version, n))
+    put(np.ascontiguousarray(group.prompt_ids, dtype="<i4"))
+    put(np.array([len(r) for r in group.response_ids], dtype="<i8"))
+    put(np.concatenate(group.response_ids).astype("<i4", copy=False))
+    put(np.concatenate(group.behavior_logprobs).astype("<f4", copy=False))
+    put(np.asarray(group.rewards, dtype="<f4"))  # float32, as on the wire
+    for text in (*group.reward_infos, *group.finish_reasons):
+        put(text.encode())
     routed = group.routed_experts
-    for i, response in enumerate(group.response_ids):
-        put(np.asarray(response, dtype="<i4").tobytes())
-        put(np.asarray(group.behavior_logprobs[i], dtype="<f4").tobytes())
-        put(struct.pack("<f", group.rewards[i]))  # float32, as on the wire
-        put(group.reward_infos[i].encode())
-        put(group.finish_reasons[i].encode())
-        if routed is None:
-            put(b"")
-        else:
-            experts = np.asarray(routed[i], dtype="<i2")
-            put(struct.pack(f"<{experts.ndim}q", *experts.shape) + experts.tobytes())
+    if routed is None:
+        put(b"")
+    else:
+        for experts in routed:
+            put(struct.pack(f"<{experts.ndim}q", *experts.shape))
+            put(np.ascontiguousarray(experts, dtype="<i2"))
     return h.hexdigest()
 
 
