@@ -9,6 +9,7 @@ benchmarks/buffer_bench.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -70,3 +71,37 @@ def view(array: pa.Array) -> np.ndarray:
     if data is None:
         return np.zeros(0, dtype=dtype)
     return np.frombuffer(data, dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+
+
+_NO_EXPERTS = np.zeros(0, dtype=np.int16)
+
+
+# Columns that repeat across the groups of a run are built once (Arrow arrays are immutable, so
+# sharing them between messages is safe): a group's encode then builds only its own columns.
+@functools.lru_cache(maxsize=64)
+def no_routing(n: int) -> pa.ListArray:
+    offsets = numeric(np.zeros(n + 1, dtype=np.int32), pa.int32())
+    return pa.ListArray.from_arrays(offsets, numeric(_NO_EXPERTS, pa.int16()))
+
+
+@functools.lru_cache(maxsize=64)
+def sample_index(n: int) -> pa.Array:
+    return numeric(np.arange(n, dtype=np.int32), pa.int32())
+
+
+@functools.lru_cache(maxsize=256)
+def constant_strings(value: str, n: int) -> pa.Array:
+    """run_id and generator_id: one value per run or generator."""
+    return repeated(value, n)
+
+
+@functools.lru_cache(maxsize=256)
+def constant_ints(value: int, n: int) -> pa.Array:
+    """routing_layers and routing_top_k: one pair per model."""
+    return filled(value, n, pa.int32())
+
+
+def filled(value: int, n: int, arrow_type: pa.DataType) -> pa.Array:
+    """A numeric column holding `value` n times (timestamps as int64 µs since the epoch)."""
+    dtype = np.int32 if arrow_type == pa.int32() else np.int64
+    return numeric(np.full(n, value, dtype=dtype), arrow_type)

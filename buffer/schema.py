@@ -26,7 +26,6 @@ them.
 
 from __future__ import annotations
 
-import functools
 import itertools
 from dataclasses import InitVar, dataclass, fields
 from datetime import UTC, datetime, timedelta
@@ -38,10 +37,15 @@ import pyarrow as pa
 
 from buffer.arrow_columns import (
     TIMESTAMP,
+    constant_ints,
+    constant_strings,
+    filled,
     flat,
     list_array,
+    no_routing,
     numeric,
     repeated,
+    sample_index,
     strings,
     view,
 )
@@ -200,9 +204,6 @@ def _field_equal(a: object, b: object) -> bool:
     return a == b
 
 
-_NO_ROUTING = np.zeros(0, dtype=np.int16)
-
-
 def encode_group(group: RolloutGroup) -> bytes:
     """One Arrow IPC stream message (schema v2) with one row per sample (the group was checked
     when built)."""
@@ -211,22 +212,22 @@ def encode_group(group: RolloutGroup) -> bytes:
     started = group.generation_started_at
     assert started is not None  # filled in by __post_init__
     columns = {
-        "run_id": _constant_strings(group.run_id, n),
+        "run_id": constant_strings(group.run_id, n),
         "group_id": repeated(group.group_id, n),
-        "prompt_index": _filled(group.prompt_index, n, pa.int64()),
-        "sample_index": _sample_index(n),
+        "prompt_index": filled(group.prompt_index, n, pa.int64()),
+        "sample_index": sample_index(n),
         "prompt_ids": list_array([group.prompt_ids] * n, pa.int32()),
         "response_ids": list_array(group.response_ids, pa.int32()),
         "behavior_logprobs": list_array(group.behavior_logprobs, pa.float32()),
         "reward": numeric(np.asarray(group.rewards, dtype=np.float32), pa.float32()),
         "reward_info": strings(group.reward_infos),
         "finish_reason": strings(group.finish_reasons),
-        "policy_version": _filled(group.policy_version, n, pa.int64()),
-        "generator_id": _constant_strings(group.generator_id, n),
-        "created_at": _filled(_micros(group.created_at), n, TIMESTAMP),
-        "generation_started_at": _filled(_micros(started), n, TIMESTAMP),
-        "routing_layers": _constant_ints(layers, n),
-        "routing_top_k": _constant_ints(top_k, n),
+        "policy_version": filled(group.policy_version, n, pa.int64()),
+        "generator_id": constant_strings(group.generator_id, n),
+        "created_at": filled(_micros(group.created_at), n, TIMESTAMP),
+        "generation_started_at": filled(_micros(started), n, TIMESTAMP),
+        "routing_layers": constant_ints(layers, n),
+        "routing_top_k": constant_ints(top_k, n),
         "routed_experts": _routed_column(group.routed_experts, n),
     }
     batch = pa.RecordBatch.from_arrays(
@@ -242,38 +243,7 @@ def _routed_column(routed: list[ExpertArray] | None, n: int) -> pa.ListArray:
     """Flat per-sample routing; without routing, n empty lists (cached: the common case)."""
     if routed is not None:
         return list_array([a.reshape(-1) for a in routed], pa.int16())
-    return _no_routing(n)
-
-
-# Columns that repeat across the groups of a run are built once (Arrow arrays are immutable, so
-# sharing them between messages is safe): a group's encode then builds only its own columns.
-@functools.lru_cache(maxsize=64)
-def _no_routing(n: int) -> pa.ListArray:
-    offsets = numeric(np.zeros(n + 1, dtype=np.int32), pa.int32())
-    return pa.ListArray.from_arrays(offsets, numeric(_NO_ROUTING, pa.int16()))
-
-
-@functools.lru_cache(maxsize=64)
-def _sample_index(n: int) -> pa.Array:
-    return numeric(np.arange(n, dtype=np.int32), pa.int32())
-
-
-@functools.lru_cache(maxsize=256)
-def _constant_strings(value: str, n: int) -> pa.Array:
-    """run_id and generator_id: one value per run or generator."""
-    return repeated(value, n)
-
-
-@functools.lru_cache(maxsize=256)
-def _constant_ints(value: int, n: int) -> pa.Array:
-    """routing_layers and routing_top_k: one pair per model."""
-    return _filled(value, n, pa.int32())
-
-
-def _filled(value: int, n: int, arrow_type: pa.DataType) -> pa.Array:
-    """A numeric column holding `value` n times (timestamps as int64 µs since the epoch)."""
-    dtype = np.int32 if arrow_type == pa.int32() else np.int64
-    return numeric(np.full(n, value, dtype=dtype), arrow_type)
+    return no_routing(n)
 
 
 def decode_group(
