@@ -237,3 +237,17 @@ def test_malformed_routing_in_a_message(replacements: dict[str, pa.Array], reaso
 def test_schema_version_reads_the_metadata() -> None:
     assert schema_version(ROLLOUT_SCHEMA) == 2
     assert schema_version(V1_SCHEMA) == 1
+
+
+@pytest.mark.parametrize("routed", [False, True])
+def test_encode_writes_exactly_the_arrow_stream_writers_bytes(routed: bool) -> None:
+    """encode_group joins a cached schema message, the batch and the end-of-stream marker; the
+    result must be byte for byte what pyarrow's stream writer makes of the same batch."""
+    group = routed_group() if routed else make_group(3)
+    data = encode_group(group)
+    batch = pa.ipc.open_stream(data).read_next_batch()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    assert data == sink.getvalue().to_pybytes()
+    assert decode_group(data) == group
