@@ -2,9 +2,10 @@
 
 Public API (what `harness report` and `harness run` call):
 
-- `build_report(root, out_dir=None, config=None) -> ReportResult`
-    Report of an experiment output directory `root` (holding `trials/<name>/trial.json` and
-    `trials/<name>/metrics.parquet/part-*.parquet`). Writes `report.md`, a self-contained
+- `build_report(root, out_dir=None, config=None, *, experiment_dir=None) -> ReportResult`
+    Report of an experiment output directory `root` (holding `trials/<name>/trial.json`,
+    `trials/<name>/metrics.parquet/part-*.parquet` and, for trials with eval suites,
+    `trials/<name>/evals.parquet/part-*.parquet`). Writes `report.md`, a self-contained
     `report.html`, `summary.parquet` (every number shown, long format) and `figures/*.png` to
     `out_dir` (default `root/report`). Broken, running, failed or diverged trials are listed in
     the report, never raised.

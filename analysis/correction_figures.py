@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from analysis.corrections import SCORE_STATS, SECTION
-from analysis.figures import arm_colors
+from analysis.figures import arm_colors, outside_legend
 
 # (statistic, panel title, y label), drawn when the section has rows of that statistic.
 PANELS = (
@@ -71,7 +71,6 @@ def corrections_figure(
         ax = fig.add_subplot(rows, cols, i + 1)
         _against_lag(ax, cells[cells["statistic"] == stat], lags, colors)
         ax.set(title=title, xlabel="lag", ylabel=ylabel)
-        if i == 0:
-            ax.legend(fontsize=8)
+    outside_legend(fig, fig.axes)
     fig.suptitle(f"Corrections across lags: mean or IQM over seeds, {confidence:.0%} bootstrap CI")
     return fig

@@ -12,6 +12,14 @@ import pandas as pd
 
 from analysis.config import ReportConfig
 from analysis.correction_document import correction_blocks
+from analysis.eval_document import METHODS as EVAL_METHODS
+from analysis.eval_document import (
+    aggregate_blocks,
+    compute_blocks,
+    eval_set_count,
+    next_step_blocks,
+    per_set_blocks,
+)
 from analysis.render import Block, wide_table
 
 METHODS = [
@@ -111,14 +119,21 @@ def _problem_items(problems: pd.DataFrame) -> list[str]:
 
 
 def _score_blocks(summary: pd.DataFrame, figs: dict[str, Path]) -> list[Block]:
+    several = eval_set_count(summary) > 1
+    scope = (
+        "Primary eval set only (the first; the headline is the aggregate across eval sets above). "
+        if several
+        else ""
+    )
     return [
-        Block("h2", "Scores"),
+        *(aggregate_blocks(summary, figs) if several else []),
+        Block("h2", "Scores on the primary eval set" if several else "Scores"),
         *_table(
             summary,
             "final_score",
             "Final score",
-            "IQM and mean across seeds with CI; n = seeds. 'all' rows pool lags with a "
-            "lag-stratified bootstrap.",
+            f"{scope}IQM and mean across seeds with CI; n = seeds. 'all' rows pool lags with a "
+            "bootstrap stratified by lag (the strata are lags).",
         ),
         *_table(
             summary, "auc", "Area under the eval curve", "Mean pass rate over training; n = seeds."
@@ -132,6 +147,7 @@ def _score_blocks(summary: pd.DataFrame, figs: dict[str, Path]) -> list[Block]:
             "Learning curves: IQM across seeds with bootstrap band, thin lines are seeds; a "
             "diverged seed drops out after its last eval.",
         ),
+        *per_set_blocks(summary, figs),
         Block("h2", "Comparisons"),
         *_table(
             summary,
@@ -250,7 +266,9 @@ def report_blocks(
     ]
     if len(scores) and scores["scored"].any():
         blocks += _score_blocks(summary, figs)
+        blocks += compute_blocks(summary, figs)
+        blocks += next_step_blocks(summary)
     blocks += _stability_blocks(summary, figs, config)
     blocks += correction_blocks(summary, figs)
-    blocks += [Block("h2", "Methods"), Block("list", items=METHODS)]
+    blocks += [Block("h2", "Methods"), Block("list", items=METHODS + EVAL_METHODS)]
     return blocks

@@ -8,10 +8,12 @@ Styles follow Agarwal et al. 2021: point estimates with interval bars, PoI on [0
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -36,6 +38,20 @@ def _grid(
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n_panels)]
     return fig, axes
+
+
+def outside_legend(fig: Figure, axes: Sequence[Axes]) -> None:
+    """One legend for the whole figure, right of the panels (constrained layout makes room).
+
+    With 6 arms x 5 lags a legend inside a panel hides the curves it explains; one entry per
+    label, gathered from every panel, so a label missing from the first panel still shows.
+    """
+    entries: dict[str, Artist] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            entries.setdefault(label, handle)
+    if entries:
+        fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=8)
 
 
 def save(fig: Figure, path: Path, dpi: int) -> Path:
@@ -74,7 +90,7 @@ def learning_curves_figure(
             ax.axhline(threshold, color="grey", ls=":", lw=1)
         ax.set(title=f"lag {lag}", xlabel="learner step", ylabel="eval pass rate")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    outside_legend(fig, axes)
     fig.suptitle(
         f"Learning curves: IQM across seeds, band = {confidence:.0%} bootstrap CI; thin = seeds"
     )
@@ -204,7 +220,7 @@ def staleness_figure(
     )
     for a in axes:
         a.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    outside_legend(fig, axes)
     return fig
 
 
@@ -227,7 +243,7 @@ def diagnostics_figure(
             _draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
             ax.set(title=f"{name}, lag {lag}", xlabel="learner step", ylabel=name)
             ax.grid(alpha=0.3)
-    grid[0][0].legend(fontsize=8)
+    outside_legend(fig, [ax for line in grid for ax in line])
     return fig
 
 
@@ -253,6 +269,6 @@ def survival_figure(
             title=f"lag {lag}", xlabel="learner step", ylabel="P(not reached)", ylim=(-0.02, 1.02)
         )
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    outside_legend(fig, axes)
     fig.suptitle(f"Time to pass rate >= {threshold:g} (Kaplan-Meier, censored trials included)")
     return fig

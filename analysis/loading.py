@@ -9,7 +9,8 @@ than raised, so one broken trial never hides the others from the report.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
@@ -17,23 +18,33 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from analysis.eval_tables import stack_evals, trial_evals
 from contract import metrics as mn
 from contract.layout import METRICS_DIR, TRIAL_JSON, TRIALS_DIR, ExperimentPaths, TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TrialStatus
 
 KEY_COLUMNS = ["experiment", "trial_name", "arm", "seed", "lag", "mode", "status", "diverged"]
-TRIAL_COLUMNS = [*KEY_COLUMNS, "objective", "diverged_reason", "steps_planned", "last_step"]
+TRIAL_COLUMNS = [
+    *KEY_COLUMNS,
+    "objective",
+    "diverged_reason",
+    "steps_planned",
+    "last_step",
+    "started_s",  # trial.json `started_at` as epoch seconds (NaN if absent): wall-clock origin
+]
 PROBLEM_COLUMNS = ["trial_name", "arm", "seed", "lag", "status", "problem"]
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """What was on disk: one row per readable trial, the tidy step table, and the problems."""
+    """What was on disk: one row per readable trial, the tidy step table, the problems, and the
+    per-eval-set table (analysis.eval_tables: one row per trial, step and eval set)."""
 
     trials: pd.DataFrame
     metrics: pd.DataFrame
     problems: pd.DataFrame
+    evals: pd.DataFrame = field(default_factory=lambda: stack_evals({}))
 
 
 def trials_dir(root: Path) -> Path:
@@ -116,7 +127,16 @@ def _trial_row(record: TrialRecord, name: str, last_step: float) -> dict:
         "diverged_reason": record.diverged_reason,
         "steps_planned": record.steps_planned,
         "last_step": last_step,
+        "started_s": _epoch_s(record.started_at),
     }
+
+
+def _epoch_s(stamp: str | None) -> float:
+    """ISO 8601 time as epoch seconds; NaN when absent or unparsable."""
+    try:
+        return datetime.fromisoformat(stamp).timestamp() if stamp else math.nan
+    except ValueError:
+        return math.nan
 
 
 def _status_problems(row: dict) -> list[str]:
@@ -139,7 +159,7 @@ def _status_problems(row: dict) -> list[str]:
 
 def load_experiment(root: Path) -> Experiment:
     """Load every trial under `root`; never raises for a single bad trial."""
-    trial_rows, metric_frames, problems = [], [], []
+    trial_rows, metric_frames, problems, evals = [], [], [], {}
     for trial_dir in sorted(p for p in trials_dir(root).iterdir() if p.is_dir()):
         blank = {"trial_name": trial_dir.name, "arm": None, "seed": None, "lag": None}
         try:
@@ -160,14 +180,16 @@ def load_experiment(root: Path) -> Experiment:
         )
         if no_evals:
             metric_problems.append(f"no {mn.EVAL_PASS_RATE} values: not scored")
-        for text in [*metric_problems, *_status_problems(row)]:
+        evals[trial_dir.name], eval_problems = trial_evals(trial_dir, frame)
+        for text in [*metric_problems, *eval_problems, *_status_problems(row)]:
             problems.append({**keys, "problem": text})
         if len(frame):
             metric_frames.append(frame.assign(**{k: row[k] for k in KEY_COLUMNS}))
     trials = pd.DataFrame(trial_rows, columns=TRIAL_COLUMNS)
     metrics = tidy_frame(metric_frames)
     problem_frame = pd.DataFrame(problems, columns=PROBLEM_COLUMNS)
-    return Experiment(trials, metrics, problem_frame.astype({"seed": "Int64", "lag": "Int64"}))
+    problem_frame = problem_frame.astype({"seed": "Int64", "lag": "Int64"})
+    return Experiment(trials, metrics, problem_frame, stack_evals(evals))
 
 
 def tidy_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:

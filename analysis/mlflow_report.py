@@ -25,6 +25,8 @@ from analysis.report import ReportResult, build_report
 from contract.layout import PARENT_TAG, TRIAL_ARTIFACTS, TRIALS_DIR
 
 REPORT_ARTIFACTS = "report"
+OUT_DIR_TAG = "harness.out_dir"  # the parent run's experiment output directory (harness run)
+PLACEHOLDER_OUT_DIR = "OUT_DIR"
 MAX_KEY = 250  # MLflow's limit on metric key length
 BATCH = 1000  # MLflow's limit on metrics per log_batch call
 
@@ -184,7 +186,9 @@ def build_report_from_mlflow(
                 f"parent run {parent.info.run_id} of {experiment_name!r} has no "
                 "child trial runs to report on"
             )
-        result = build_report(root, Path(out_dir), config)
+        # The extension command of "what to do next" names the original output directory.
+        origin = parent.data.tags.get(OUT_DIR_TAG) or PLACEHOLDER_OUT_DIR
+        result = build_report(root, Path(out_dir), config, experiment_dir=Path(origin))
     if log_to_parent:
         log_report_to_mlflow(client, parent.info.run_id, result.out_dir, result.summary)
     return dataclasses.replace(result, parent_run_id=parent.info.run_id)

@@ -23,6 +23,7 @@ COUNT_STATISTICS = frozenset(
         "diverged",
         "seeds",
         "seeds_needed",
+        "seeds_run",
         "median_steps",
         "pareto_within_arm",
         "pareto_overall",
@@ -152,7 +153,8 @@ def to_markdown(blocks: list[Block], base: Path) -> str:
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1200px;margin:2em auto;
 padding:0 1em;color:#222;line-height:1.45}
-table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em}
+table{border-collapse:collapse;font-size:13px;margin:.5em 0 1.5em;display:block;overflow-x:auto;
+max-width:100%}
 th,td{border:1px solid #ccc;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f2f2f2} tr:nth-child(even){background:#fafafa}
 figure{margin:1em 0} figure img{max-width:100%} figcaption{font-size:13px;color:#555}

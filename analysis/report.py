@@ -12,14 +12,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import figures
+from analysis import eval_figures, figures
 from analysis.comparisons import poi_rows, power_rows, significance_rows
+from analysis.compute_matched import (
+    aggregate_matched,
+    budget_curves,
+    completed,
+    compute_matched_rows,
+    matched_curves,
+)
 from analysis.config import ReportConfig
 from analysis.correction_figures import corrections_figure
 from analysis.corrections import correction_rows
 from analysis.curves import aggregate_curves, bin_steps, curve_rows, trial_curves
 from analysis.document import report_blocks
+from analysis.eval_sets import eval_set_rows, eval_set_scores
 from analysis.loading import Experiment, load_experiment
+from analysis.next_steps import launch_facts, next_step_rows
 from analysis.performance import performance_rows
 from analysis.render import to_html, to_markdown
 from analysis.stability import stability_rows
@@ -56,6 +65,8 @@ class Analysis:
     eval_curves: tuple[pd.DataFrame, pd.DataFrame]  # (aggregated, per-seed)
     diagnostics: dict[str, tuple[pd.DataFrame, pd.DataFrame]]
     frontier: pd.DataFrame
+    per_eval_set: pd.DataFrame  # eval_sets.eval_set_scores: one row per (trial, eval set)
+    compute_matched: pd.DataFrame  # compute_matched.aggregate_matched: curves on common grids
 
 
 def trial_rows(scores: pd.DataFrame, problems: pd.DataFrame) -> list[dict]:
@@ -86,8 +97,13 @@ def trial_rows(scores: pd.DataFrame, problems: pd.DataFrame) -> list[dict]:
     return rows
 
 
-def analyse(experiment: Experiment, config: ReportConfig) -> Analysis:
-    """Compute every table of the report from the loaded experiment."""
+def analyse(
+    experiment: Experiment, config: ReportConfig, experiment_dir: Path | None = None
+) -> Analysis:
+    """Compute every table of the report from the loaded experiment.
+
+    `experiment_dir` is where the experiment lives for the "what to do next" command (None:
+    no command section)."""
     spec = BootstrapSpec(config.n_resamples, config.confidence, config.seed)
     scores = score_trials(experiment, config)
     scored = scores[scores["scored"]] if len(scores) else scores
@@ -100,19 +116,31 @@ def analyse(experiment: Experiment, config: ReportConfig) -> Analysis:
         per_seed = bin_steps(trial_curves(experiment.metrics, done, column), config.curve_points)
         diagnostics[label] = (aggregate_curves(per_seed, None), per_seed)
     frontier = frontier_table(done, scored) if len(done) else pd.DataFrame()
+    per_set = eval_set_scores(experiment.evals, scored, config)
+    matched = aggregate_matched(
+        matched_curves(budget_curves(experiment.metrics, completed(scored))), curve_spec
+    )
     rows = trial_rows(scores, experiment.problems)
     if len(scored):
         rows += performance_rows(scored, spec)
         rows += poi_rows(scored, spec)
         rows += significance_rows(scored, spec, config.alpha)
         rows += power_rows(scored, config.alpha, config.target_power)
+        rows += eval_set_rows(per_set, spec)
+        rows += compute_matched_rows(matched)
     rows += stability_rows(done, spec, config.alpha, config.pass_threshold)
     rows += staleness_rows(done, scored, spec)
     rows += correction_rows(experiment.metrics, scores, spec)
     rows += curve_rows(agg, "learning_curve")
     for label, (agg_d, _) in diagnostics.items():
         rows += curve_rows(agg_d, f"curve_{label.replace(' ', '_').lower()}")
-    return Analysis(experiment, scores, to_frame(rows), (agg, raw), diagnostics, frontier)
+    summary = to_frame(rows)
+    if experiment_dir is not None and len(scored):
+        facts = launch_facts(experiment_dir, experiment.trials)
+        summary = pd.concat([summary, to_frame(next_step_rows(summary, facts))], ignore_index=True)
+    return Analysis(
+        experiment, scores, summary, (agg, raw), diagnostics, frontier, per_set, matched
+    )
 
 
 def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dict[str, Path]:
@@ -132,6 +160,16 @@ def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dic
         "time_to_threshold": (
             figures.survival_figure(done, config.pass_threshold, colors) if len(done) else None
         ),
+        "eval_sets": eval_figures.eval_set_figure(analysis.summary, colors, config.confidence),
+        "eval_aggregates": eval_figures.aggregate_figure(
+            analysis.summary, colors, config.confidence
+        ),
+        "performance_profiles": eval_figures.profile_figure(
+            analysis.summary, colors, config.confidence
+        ),
+        "compute_matched": eval_figures.compute_matched_figure(
+            analysis.compute_matched, colors, config.confidence
+        ),
     }
     return {
         name: figures.save(fig, fig_dir / f"{name}.png", config.figure_dpi)
@@ -141,18 +179,25 @@ def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dic
 
 
 def build_report(
-    root: Path, out_dir: Path | None = None, config: ReportConfig | None = None
+    root: Path,
+    out_dir: Path | None = None,
+    config: ReportConfig | None = None,
+    *,
+    experiment_dir: Path | None = None,
 ) -> ReportResult:
     """Load `root` (an experiment output dir with `trials/`), analyse, and write the report.
 
-    `out_dir` defaults to `root/report`. Broken or unfinished trials are listed in the report
-    and in `problems`, never raised; only a `root` without any trial directory raises.
+    `out_dir` defaults to `root/report`. `experiment_dir` is the directory the "what to do
+    next" command extends (default `root`; a report built from MLflow passes the original).
+    Broken or unfinished trials are listed in the report and in `problems`, never raised; only
+    a `root` without any trial directory raises.
     """
     root, config = Path(root), config or ReportConfig()
     out_dir = Path(out_dir) if out_dir is not None else root / "report"
     out_dir.mkdir(parents=True, exist_ok=True)
     experiment = load_experiment(root)
-    analysis = analyse(experiment, config)
+    origin = Path(experiment_dir) if experiment_dir is not None else root.resolve()
+    analysis = analyse(experiment, config, origin)
     figure_paths = (
         draw_figures(analysis, config, out_dir / "figures") if config.make_figures else {}
     )

@@ -11,15 +11,20 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contract import evals as ev
 from contract import metrics as mn
 from contract.layout import ExperimentPaths, TrialPaths
 from contract.trial import StalenessMode, TrialStatus
+
+START_S = 1.7e9  # every synthetic trial starts at this epoch second; steps are stamped after it
+STARTED_AT = datetime.fromtimestamp(START_S, UTC).isoformat()
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,14 @@ class SyntheticSpec:
     # length. Off by default: its own rng, so the other columns do not change with it.
     corrections: bool = False
     prompts_per_step: int = 8  # trained groups per step, for the per-step bias metrics
+    # Eval suites: also write evals.parquet with these eval sets (the first is the primary one,
+    # equal to eval/pass_rate; set j scores 0.1 j lower), sampled pass@1 and pass@k. Empty: the
+    # trial has only eval/pass_rate, like trials written before eval suites.
+    eval_sets: tuple[str, ...] = ()
+    pass_at: tuple[int, ...] = (4,)
+    # Mean response tokens generated per step (tokens/generated); the arm listed i-th in `skill`
+    # costs (1 + 0.25 i) times as much. 0: the column is not written (older trials).
+    tokens_per_step: float = 0.0
 
 
 def _pass_rate(
@@ -116,7 +129,7 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
     clip = np.clip(0.05 * (1 + 0.5 * lag) + rng.normal(0, 0.01, len(steps)), 0, 1)
     columns = {
         mn.STEP: pa.array(steps, pa.int64()),
-        mn.TIMESTAMP: pa.array(1.7e9 + np.cumsum(step_s), pa.float64()),
+        mn.TIMESTAMP: pa.array(START_S + np.cumsum(step_s), pa.float64()),
         mn.EVAL_PASS_RATE: evals,
         mn.REWARD_MEAN: np.clip(0.8 * np.nan_to_num(evals, nan=0.5) + 0.1, 0, 1),
         mn.OPTIM_GRAD_NORM: grad,
@@ -128,6 +141,12 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
     }
     if spec.corrections:
         columns |= correction_columns(spec, arm, seed, lag, columns[mn.REWARD_MEAN])
+    if spec.tokens_per_step > 0:
+        cost = 1 + 0.25 * list(spec.skill).index(arm)
+        tokens_rng = np.random.default_rng(zlib.crc32(f"tokens/{arm}/{seed}/{lag}".encode()))
+        columns[mn.TOKENS_GENERATED] = np.round(
+            spec.tokens_per_step * cost * tokens_rng.uniform(0.9, 1.1, len(steps))
+        )
     return pa.table(
         {
             k: pa.array(v, pa.float64()) if isinstance(v, np.ndarray) else v
@@ -136,14 +155,55 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
     )
 
 
-def write_trial(trial_dir: Path, info: dict, table: pa.Table, rows_per_part: int) -> None:
-    """trial.json plus the table split into parquet part files, as the learner appends them."""
+def evals_table(spec: SyntheticSpec, metrics: pa.Table) -> pa.Table:
+    """One row per (eval step, eval set), consistent with the step table's eval/pass_rate."""
+    steps = metrics[mn.STEP].to_numpy()
+    primary = metrics[mn.EVAL_PASS_RATE].to_numpy(zero_copy_only=False)
+    rows: dict[str, list] = {ev.STEP: [], ev.EVAL_SET: [], ev.N_PROMPTS: [], ev.SAMPLES: []}
+    scores: dict[str, list] = {ev.GREEDY_PASS_RATE: [], ev.PASS1_SAMPLED: []}
+    scores |= {ev.pass_at_column(k): [] for k in spec.pass_at}
+    samples = max(spec.pass_at)
+    for step, rate in zip(steps, primary, strict=True):
+        if not np.isfinite(rate):
+            continue
+        for j, name in enumerate(spec.eval_sets):
+            greedy = float(np.clip(rate - 0.1 * j, 0, 1))
+            pass1 = float(np.clip(greedy - 0.05, 0, 1))
+            rows[ev.STEP].append(int(step))
+            rows[ev.EVAL_SET].append(name)
+            rows[ev.N_PROMPTS].append(32)
+            rows[ev.SAMPLES].append(samples)
+            scores[ev.GREEDY_PASS_RATE].append(greedy)
+            scores[ev.PASS1_SAMPLED].append(pass1)
+            for k in spec.pass_at:  # k independent draws at pass@1 (a smooth stand-in)
+                scores[ev.pass_at_column(k)].append(1 - (1 - pass1) ** k)
+    types = {ev.STEP: pa.int64(), ev.EVAL_SET: pa.string(), ev.N_PROMPTS: pa.int64()}
+    types[ev.SAMPLES] = pa.int64()
+    table = {k: pa.array(v, types[k]) for k, v in rows.items()}
+    return pa.table(table | {k: pa.array(v, pa.float64()) for k, v in scores.items()})
+
+
+def write_trial(
+    trial_dir: Path,
+    info: dict,
+    table: pa.Table,
+    rows_per_part: int,
+    evals: pa.Table | None = None,
+) -> None:
+    """trial.json plus the table split into parquet part files, as the learner appends them;
+    with `evals`, also evals.parquet (one part per eval step, as the learner writes it)."""
     paths = TrialPaths(trial_dir)
     metrics = paths.metrics
     metrics.mkdir(parents=True, exist_ok=True)
     paths.metadata.write_text(json.dumps(info, indent=2))
     for i, start in enumerate(range(0, table.num_rows, rows_per_part)):
         pq.write_table(table.slice(start, rows_per_part), metrics / f"part-{i:06d}.parquet")
+    if evals is not None:
+        paths.evals.mkdir(parents=True, exist_ok=True)
+        steps = evals[ev.STEP].to_numpy()
+        for i, step in enumerate(np.unique(steps)):
+            part = evals.filter(pa.array(steps == step))
+            pq.write_table(part, paths.evals / f"part-{i:06d}.parquet")
 
 
 def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
@@ -171,8 +231,10 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
                     "diverged": diverges,
                     "diverged_reason": "non-finite grad norm" if diverges else None,
                     "steps_planned": spec.steps,
+                    "started_at": STARTED_AT,
                 }
                 table = trial_table(spec, arm, seed, lag, last)
+                evals = evals_table(spec, table) if spec.eval_sets else None
                 trial_dir = ExperimentPaths(root).trial(name).root
-                write_trial(trial_dir, info, table, spec.rows_per_part)
+                write_trial(trial_dir, info, table, spec.rows_per_part, evals)
     return root

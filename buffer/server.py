@@ -53,14 +53,18 @@ def make_private(directory: Path) -> None:
             path.chmod(0o700 if path.is_dir() else 0o600)
 
 
-def _free_port() -> int:
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 
 class EmbeddedRedis:
-    """A private redis-server on 127.0.0.1; use as a context manager, connect with `.url`."""
+    """A private redis-server on 127.0.0.1; use as a context manager, connect with `.url`.
+
+    `host`: the address to bind instead of loopback, for components on other machines (the Ray
+    executor binds the node's routable IP); the random password guards it either way.
+    """
 
     def __init__(
         self,
@@ -68,10 +72,12 @@ class EmbeddedRedis:
         appendfsync: AppendFsync = "everysec",
         *,
         start_timeout_s: float = 10.0,
+        host: str = "127.0.0.1",
     ):
         if appendfsync not in ("always", "everysec", "off"):
             raise ValueError(f"appendfsync={appendfsync!r}: use 'always', 'everysec' or 'off'")
         self.data_dir = Path(data_dir)
+        self.host = host
         self.appendfsync = appendfsync
         self.password = secrets.token_hex(24)
         self.port: int | None = None
@@ -82,7 +88,7 @@ class EmbeddedRedis:
     def url(self) -> str:
         if self.port is None:
             raise RuntimeError("EmbeddedRedis has not been started; use `with EmbeddedRedis(...)`")
-        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@{self.host}:{self.port}/0"
 
     @property
     def process(self) -> subprocess.Popen[bytes] | None:
@@ -119,7 +125,7 @@ class EmbeddedRedis:
         make_private(self.data_dir)
         fixed_port = self.port is not None
         for _attempt in range(3):  # a free port can be taken between probing and binding
-            self.port = self.port if fixed_port else _free_port()
+            self.port = self.port if fixed_port else _free_port(self.host)
             self._process = self._spawn(binary)
             if self._wait_until_ready():
                 atexit.register(self.stop)
@@ -128,7 +134,7 @@ class EmbeddedRedis:
             if fixed_port:
                 break
         raise RuntimeError(
-            f"redis-server did not answer on 127.0.0.1:{self.port} within "
+            f"redis-server did not answer on {self.host}:{self.port} within "
             f"{self._start_timeout_s} s; its log {self.log_file} ends with:\n{self._log_tail()}"
         )
 
@@ -163,7 +169,7 @@ class EmbeddedRedis:
 
     def _config(self) -> str:
         lines = [
-            "bind 127.0.0.1",
+            f"bind {self.host}",
             "protected-mode yes",
             f"port {self.port}",
             f"requirepass {self.password}",
@@ -197,7 +203,7 @@ class EmbeddedRedis:
         # No retries: after SHUTDOWN the connection drops by design, and a retrying client would
         # spend seconds reconnecting to a server that is gone.
         return redis.Redis(
-            host="127.0.0.1",
+            host=self.host,
             port=self.port,
             password=self.password,
             socket_timeout=5,

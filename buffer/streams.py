@@ -30,7 +30,7 @@ VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
@@ -45,6 +45,7 @@ from buffer.versions import VersionRegistry
 if TYPE_CHECKING:
     from pathlib import Path
 
+    import torch
     from torch import nn
 
 __all__ = [
@@ -138,7 +139,12 @@ class RolloutSource(Protocol):
 class WeightWriter(Protocol):
     """Where the learner writes each policy version's weights (WeightStore)."""
 
-    def write(self, version: int, weights: nn.Module, config_dir: Path | None = None) -> str:
+    def write(
+        self,
+        version: int,
+        weights: nn.Module | Mapping[str, torch.Tensor],
+        config_dir: Path | None = None,
+    ) -> str:
         """Write `version` (with the base model's config files) and return its location."""
         ...
 

@@ -13,6 +13,7 @@ so a renamed file is one edit here instead of a silently empty report.
             resolved_config.yaml
             prompts.parquet
             metrics.parquet/part-NNNNNN.parquet
+            evals.parquet/part-NNNNNN.parquet   per-eval-set scores (contract.evals)
             trained_groups/step-NNNNNN.json
             checkpoints/  weights/  redis/  logs/<component>.log
             learner_outcome.json
@@ -30,6 +31,7 @@ TRIAL_LOG: Final = "trial.log"
 RESOLVED_CONFIG: Final = "resolved_config.yaml"
 PROMPTS_FILE: Final = "prompts.parquet"
 METRICS_DIR: Final = "metrics.parquet"
+EVALS_DIR: Final = "evals.parquet"
 TRAINED_GROUPS_DIR: Final = "trained_groups"
 CHECKPOINTS_DIR: Final = "checkpoints"
 WEIGHTS_DIR: Final = "weights"
@@ -74,6 +76,11 @@ class TrialPaths:
     def metrics(self) -> Path:
         """A directory of one Parquet part per learner step (learner.metrics_log)."""
         return self.root / METRICS_DIR
+
+    @property
+    def evals(self) -> Path:
+        """A directory of one Parquet part per eval step, a row per eval set (learner.evals_log)."""
+        return self.root / EVALS_DIR
 
     @property
     def trained_groups(self) -> Path:

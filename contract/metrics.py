@@ -46,6 +46,11 @@ OPTIM_GRAD_NORM: Final = "optim/grad_norm"
 OPTIM_LR: Final = "optim/lr"
 OPTIM_GRAD_SPIKES: Final = "optim/grad_spikes"
 
+# Response tokens of every group the learner read this step (trained + dropped as too stale):
+# the generation compute the step consumed. Its running sum is the tokens axis of compute-matched
+# learning curves; in fixed mode nothing is dropped, so it is deterministic. 0 at step 0.
+TOKENS_GENERATED: Final = "tokens/generated"
+
 LENGTH_MEAN: Final = "length/mean"
 LENGTH_P95: Final = "length/p95"
 LENGTH_TRUNCATED_FRAC: Final = "length/truncated_frac"
@@ -91,6 +96,17 @@ PERF_LEARNER_STEP_S: Final = "perf/learner_step_s"
 PERF_LEARNER_WAIT_FRAC: Final = "perf/learner_wait_frac"
 PERF_GEN_IDLE_FRAC: Final = "perf/gen_idle_frac"
 PERF_WEIGHT_SYNC_S: Final = "perf/weight_sync_s"
+# The learner step's parts, in seconds: wait = learner_step_s * learner_wait_frac (taking the
+# batch); train = collate + every minibatch update; publish = what the step blocks on to publish
+# its weights, the snapshot (the write, version notice and pruning run on a background thread,
+# learner.step_io); then, on the steps that have them, eval and checkpoint (outside
+# learner_step_s; a checkpoint first waits for the background writes). A checkpoint step's own
+# row is on disk before its checkpoint, so perf/checkpoint_s is logged on the step after it.
+# benchmarks/trial_bench.py prints them per lag to find the critical path.
+PERF_LEARNER_TRAIN_S: Final = "perf/learner_train_s"
+PERF_WEIGHT_PUBLISH_S: Final = "perf/weight_publish_s"
+PERF_EVAL_S: Final = "perf/eval_s"
+PERF_CHECKPOINT_S: Final = "perf/checkpoint_s"
 
 VALUE_LOSS: Final = "value/loss"
 VALUE_EXPLAINED_VAR: Final = "value/explained_var"
@@ -163,6 +179,7 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         OPTIM_GRAD_NORM: "mean",  # mean over the step's updates
         OPTIM_LR: "last",  # the schedule's value after the step's last update
         OPTIM_GRAD_SPIKES: "last",  # a running count since the start of the trial
+        TOKENS_GENERATED: "sum",  # tokens of every share of the step's groups
         LENGTH_MEAN: "mean",
         LENGTH_P95: "max",  # an upper bound: the pooled p95 never exceeds the largest share's
         LENGTH_TRUNCATED_FRAC: "mean",
@@ -190,6 +207,10 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         PERF_LEARNER_WAIT_FRAC: "mean",
         PERF_GEN_IDLE_FRAC: "mean",
         PERF_WEIGHT_SYNC_S: "mean",
+        PERF_LEARNER_TRAIN_S: "max",  # as learner_step_s: the slowest rank's
+        PERF_WEIGHT_PUBLISH_S: "max",  # rank 0 alone publishes, evaluates and checkpoints
+        PERF_EVAL_S: "max",
+        PERF_CHECKPOINT_S: "max",
         VALUE_LOSS: "mean",
         VALUE_EXPLAINED_VAR: "mean",
         VALUE_CLIP_FRAC: "mean",

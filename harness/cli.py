@@ -67,10 +67,13 @@ def check_inputs(cfg: ExperimentConfig) -> None:
             from harness.models.factory import validate_model_dir
 
             validate_model_dir(Path(cfg.model.path).expanduser())
-        if cfg.task.name == "file":
-            from harness.tasks.factory import make_task
+        tasks = [cfg.task, *(t for _, _, t in cfg.train_components())]
+        tasks += [t for _, t in cfg.eval_sets()]  # eval sets and mixture components too
+        for task in tasks:
+            if task.name == "file":
+                from harness.tasks.factory import make_task
 
-            make_task(cfg.task).eval_prompts(cfg.task.eval_size)
+                make_task(task).eval_prompts(task.eval_size)
     except ConfigError as exc:
         raise fail(str(exc)) from None
 
@@ -232,6 +235,12 @@ def generator(
         raise fail(str(exc), code=EXIT_NO_RESTART) from None
 
 
+def executor_overrides(executor: str | None, address: str | None) -> list[str]:
+    """`--executor ray --address host:6379` -> `executor.kind=ray`, `executor.address=...`."""
+    extra = [] if executor is None else [f"executor.kind={executor}"]
+    return extra + ([] if address is None else [f"executor.address={address}"])
+
+
 @app.command()
 def run(
     config: ConfigArg,
@@ -243,6 +252,23 @@ def run(
         int | None, typer.Option("--max-parallel", help="Trials at once; default from config.")
     ] = None,
     steps: StepsOpt = None,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="Where trials run: `local` or `ray` (executor.kind; default from config).",
+            show_default=False,
+        ),
+    ] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(
+            "--address",
+            help="Ray cluster address (executor.address); default $RAY_ADDRESS, else a local "
+            "Ray instance.",
+            show_default=False,
+        ),
+    ] = None,
     overrides: OverridesArg = None,
 ) -> None:
     """Run the matched comparison: arms x seeds x lags, MLflow tracking, then the report."""
@@ -251,12 +277,12 @@ def run(
     from harness.experiment.grid import TrialStateError
     from harness.experiment.run import ExperimentLockedError, run_experiment
 
+    # The flags are overrides, so every trial resolves the executor the experiment resolved.
+    overrides = [*(overrides or []), *executor_overrides(executor, address)]
     cfg = load_or_exit(config, overrides)
     check_inputs(cfg)
     try:
-        result = run_experiment(
-            cfg, config, out, list(overrides or []), max_parallel, steps, console=console
-        )
+        result = run_experiment(cfg, config, out, overrides, max_parallel, steps, console=console)
     except (ConfigError, TrialStateError, ExperimentLockedError, MlflowException) as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)

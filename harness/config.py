@@ -16,9 +16,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from analysis.config import ReportConfig
 from buffer.config import BufferConfig, StalenessConfig
+from harness.config_evals import (
+    EvalConfig,
+    EvalSetConfig,
+    TrainTaskConfig,
+    check_unique_names,
+    resolve_eval_sets,
+    resolve_train_tasks,
+)
 from harness.config_sections import (
     UNREPRODUCIBLE_SAMPLING,
     BuiltinTokenizer,
+    ExecutorConfig,
     GenerationConfig,
     GeneratorBackend,
     Gsm8kMode,
@@ -36,6 +45,9 @@ __all__ = [
     "UNREPRODUCIBLE_SAMPLING",
     "BuiltinTokenizer",
     "ConfigError",
+    "EvalConfig",
+    "EvalSetConfig",
+    "ExecutorConfig",
     "ExperimentConfig",
     "GenerationConfig",
     "GeneratorBackend",
@@ -46,6 +58,7 @@ __all__ = [
     "TaskConfig",
     "TaskName",
     "TrackingConfig",
+    "TrainTaskConfig",
     "VerifierName",
     "format_validation_error",
     "load_config",
@@ -79,13 +92,30 @@ class ExperimentConfig(BaseModel):
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds.")
     arms: list[ArmConfig] = Field(min_length=1, description="The arms compared.")
     model: ModelConfig = Field(default_factory=ModelConfig)
-    task: TaskConfig = Field(default_factory=TaskConfig)
+    task: TaskConfig = Field(
+        default_factory=TaskConfig,
+        description="The task: warm start of the built-in model, the training stream unless "
+        "train_tasks is set, and the eval set unless evals is set.",
+    )
+    train_tasks: list[TrainTaskConfig] = Field(
+        default_factory=list,
+        description="Optional weighted mixture that replaces `task` as the training stream. "
+        "Prompt i of a seed comes from a component drawn from (seed, i) alone, so every arm "
+        "sees the same stream.",
+    )
+    evals: list[EvalSetConfig] = Field(
+        default_factory=list,
+        description="Eval sets scored at every eval, the first one being the primary "
+        "(eval/pass_rate). Empty: one set named `heldout`, task's held-out split.",
+    )
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     generation: GenerationConfig = Field(default_factory=GenerationConfig)
     buffer: BufferConfig = Field(default_factory=BufferConfig)
     staleness: StalenessConfig = Field(default_factory=StalenessConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
+    executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
     output_dir: str = Field(default="runs", description="Root of experiment outputs.")
     max_parallel: int = Field(
         default=1,
@@ -112,6 +142,7 @@ class ExperimentConfig(BaseModel):
             raise ValueError(f"arm names must be unique, got {names}")
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
+        check_unique_names(self.evals, self.train_tasks)
         replaying = [arm.name for arm in self.arms if arm.routing_replay != "off"]
         if replaying and self.model.path == "builtin" and self.model.arch != "qwen3_moe":
             raise ValueError(
@@ -149,7 +180,7 @@ class ExperimentConfig(BaseModel):
         """A group whose responses all reach max_new_tokens must fit one buffer message. Its
         token columns alone take group_size * max_new_tokens * 8 bytes (an int32 id and a
         float32 behaviour logprob per token), a lower bound: prompts and the Arrow framing come
-        on top, which the generator checks per group (harness.trial.generator_main.push_group)."""
+        on top, which the generator checks per group (harness.trial.generator_main.push_round)."""
         floor = self.generation.group_size * self.generation.max_new_tokens * 8
         if self.buffer.max_message_bytes < floor:
             raise ValueError(
@@ -167,9 +198,23 @@ class ExperimentConfig(BaseModel):
                 return arm
         raise ConfigError(f"no arm named {name!r}; arms are {[a.name for a in self.arms]}")
 
+    def eval_sets(self) -> list[tuple[str, TaskConfig]]:
+        """(name, task) of every eval set, the primary one first."""
+        return resolve_eval_sets(self.evals, self.task)
+
+    def train_components(self) -> list[tuple[str, float, TaskConfig]]:
+        """(name, weight, task) of the training stream's components (just `task` by default)."""
+        return resolve_train_tasks(self.train_tasks, self.task)
+
     def config_hash(self) -> str:
         """Short digest of the resolved config, recorded with every run."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        # Without `executor`: where trials run changes no result, and a trial started by one
+        # executor may be resumed by the other. Without `seeds` and `max_parallel`: they choose
+        # which trials exist and how many run at once, never how one runs, so extending an
+        # experiment with more seeds (the report's "what to do next") keeps the finished
+        # trials' hash and `harness run` skips them without a config-mismatch warning.
+        exclude = {"executor", "seeds", "max_parallel"}
+        canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

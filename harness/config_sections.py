@@ -246,3 +246,93 @@ class GenerationConfig(BaseModel):
     def sampling(self) -> SamplingSettings:
         """The sampled distribution, shared by the generators and the learner."""
         return SamplingSettings(self.temperature, self.top_p, self.top_k)
+
+
+ExecutorKind = Literal["local", "ray"]
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+class ComponentResources(BaseModel):
+    """What one component (the learner, or one generator) asks Ray for: one placement bundle."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cpus: float = Field(default=1.0, ge=0, description="Logical CPUs of the bundle.")
+    gpus: float = Field(
+        default=0.0,
+        ge=0,
+        description="GPUs of the bundle; Ray sets CUDA_VISIBLE_DEVICES for the component.",
+    )
+    resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="Custom Ray resources (`{node_a: 0.01}`): pin a component to nodes started "
+        "with `ray start --resources '{\"node_a\": 1}'`.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ComponentResources:
+        if not any(amount > 0 for amount in self.bundle().values()):
+            raise ValueError(
+                "a component's bundle asks for nothing (cpus=0, gpus=0, no resources): Ray "
+                "rejects empty placement bundles; give it cpus > 0"
+            )
+        return self
+
+    def bundle(self) -> dict[str, float]:
+        """The placement-group bundle, zero amounts left out (Ray rejects them)."""
+        asked = {"CPU": self.cpus, "GPU": self.gpus, **self.resources}
+        return {name: amount for name, amount in asked.items() if amount > 0}
+
+
+class ExecutorConfig(BaseModel):
+    """Where trials run. Not part of the config hash: an executor changes no result."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: ExecutorKind = Field(
+        default="local",
+        description="`local`: every trial and its components are subprocesses of `harness run`. "
+        "`ray`: each trial's learner and generators are Ray actors in one placement group per "
+        "trial (harness.trial.ray_components); the trial's supervisor and Redis stay on the "
+        "driver's node.",
+    )
+    address: str | None = Field(
+        default=None,
+        description="kind=ray: the cluster's GCS address (`head:6379`, or `auto`). Unset: "
+        "$RAY_ADDRESS, else a private local Ray instance is started for the launch and stopped "
+        "with it. Ray Client (`ray://`) is refused: trials must run on a cluster node.",
+    )
+    placement_strategy: PlacementStrategy = Field(
+        default="PACK",
+        description="kind=ray: how a trial's bundles are placed (Ray's placement strategies): "
+        "PACK fills few nodes, SPREAD puts components on different nodes where it can; the "
+        "STRICT_ forms wait until they can be honoured exactly.",
+    )
+    learner: ComponentResources = Field(
+        default_factory=ComponentResources, description="kind=ray: the learner's bundle."
+    )
+    generator: ComponentResources = Field(
+        default_factory=ComponentResources, description="kind=ray: each generator's bundle."
+    )
+    max_trial_retries: int = Field(
+        default=2,
+        ge=0,
+        description="kind=ray: how often a trial that lost a node is started again (resuming "
+        "from its last checkpoint) before it counts as failed.",
+    )
+    start_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="kind=ray: seconds one component actor may take to start once its "
+        "bundle is reserved (a worker process on its node).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ExecutorConfig:
+        if self.address is not None and self.address.startswith("ray://"):
+            raise ValueError(
+                f"executor.address={self.address!r}: Ray Client addresses are not supported; "
+                "run `harness run` on a cluster node (e.g. through `ray job submit`) and give "
+                "the GCS address (host:6379) or `auto`"
+            )
+        return self

@@ -161,7 +161,10 @@ class LearnerConfig(BaseModel):
     lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
     value_clip: float = Field(default=0.2, gt=0, description="PPO value-loss clip range.")
     eval_every: int = Field(
-        default=5, gt=0, description="Steps between greedy evals (of task.eval_size prompts)."
+        default=5,
+        gt=0,
+        description="Steps between evals (every eval set of `evals`, greedy and with "
+        "eval.samples samples per prompt); also on the initial weights and after the last step.",
     )
     checkpoint_every: int = Field(default=10, gt=0, description="Steps between checkpoints.")
     grad_spike_factor: float = Field(

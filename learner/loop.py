@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -29,17 +30,20 @@ from buffer.collate import collate
 from buffer.schema import RolloutGroup
 from buffer.streams import Delivery, RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
 from contract import metrics as M
+from contract.evals import EvalReport
 from contract.layout import TrialPaths
 from contract.trial import StalenessMode, TrialStatus
 from learner.checkpoint import CheckpointStore, TrainingState
 from learner.config import ArmConfig, LearnerConfig
 from learner.distributed import SINGLE, DistContext, broadcast_batch
+from learner.evals_log import EvalsLog
 from learner.intake import ModelLimits, fixed_rule, model_limits, split_poison
 from learner.metrics_log import GroupLedger, MetricsLog
 from learner.models import build_step_models, checkpoint_modules, wrap_ddp
 from learner.sampling_dist import PLAIN, SamplingSettings
 from learner.staleness_accounting import GroupTiming, group_timing, staleness_metrics
 from learner.step import DivergenceError, StepModels, check_group_split, train_on_batch
+from learner.step_io import StepWriter, weight_snapshot
 
 SPIKE_WINDOW = 20
 
@@ -93,6 +97,12 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
     }
 
 
+def generated_tokens(groups: list[RolloutGroup]) -> float:
+    """Response tokens of `groups`: tokens/generated, given every group a step read (trained and
+    dropped alike, since dropping does not refund the generation)."""
+    return float(sum(len(ids) for group in groups for ids in group.response_ids))
+
+
 def is_spike(history: list[float], grad_norm: float, factor: float) -> bool:
     """A gradient norm over `factor` x the rolling median of the previous SPIKE_WINDOW steps."""
     window = history[-SPIKE_WINDOW:]
@@ -118,7 +128,7 @@ def run_learner(
     telemetry: TelemetryReader,
     versions: VersionPublisher,
     weights: WeightWriter,
-    evaluate: Callable[[nn.Module], float],
+    evaluate: Callable[[nn.Module, int], EvalReport | float],
     resume: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     dist: DistContext = SINGLE,
@@ -133,6 +143,7 @@ def run_learner(
     train_models = wrap_ddp(models, dist)
     checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints)
     metrics_log = MetricsLog(task.trial_dir)
+    evals_log = EvalsLog(task.trial_dir)
     ledger = GroupLedger(task.trial_dir)
     state = TrainingState()
     # A resumed learner restarts at its checkpoint; generators may then need versions back to
@@ -142,85 +153,145 @@ def run_learner(
         state = checkpoints.load(modules)
         if dist.is_main:
             metrics_log.truncate_after(state.step)
+            evals_log.truncate_after(state.step)
             ledger.truncate_after(state.step)
     elif dist.is_main:
         # No checkpoint: start from the initial weights. A resumed learner killed before its
         # first checkpoint may already have published v0 and later versions; it redoes those
         # steps like any resume (publish_unless_done), its uncommitted groups are still pending.
         metrics_log.truncate_after(-1)
+        evals_log.truncate_after(-1)
         ledger.truncate_after(-1)
         location = weights.write(0, models.policy.module, config_dir=task.model_dir)
         if resume:
             publish_unless_done(versions, 0, location)
         else:
             versions.publish(0, location)  # a fresh run's registry is empty: anything else is a bug
-        pass_rate = evaluate(models.policy.module)
-        metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate})
+        pass_rate = _evaluate(evaluate, models.policy.module, 0, evals_log)
+        metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     trained = set(state.trained_group_ids)
     limits = model_limits(models.policy.module.config)
     uncommitted: list[Delivery] = []  # trained since the last checkpoint
     metrics: dict[str, float] = {}
-    while state.step < total_steps:
-        step = state.step
-        t_wait = time.perf_counter()
-        deliveries, dropped = (
-            _take(buffer, task, step, trained, limits) if dist.is_main else ([], [])
-        )
-        taken_at = time.time()
-        wait_s = time.perf_counter() - t_wait
-        t_train = time.perf_counter()
-        groups = [d.group for d in deliveries]
-        batch = collate(groups, pad_id=_pad_id(models)) if dist.is_main else None
-        batch = broadcast_batch(batch, dist)  # rank 0's batch on every rank
-        try:
-            result = train_on_batch(
-                train_models,
-                batch,
-                arm=task.arm,
-                learner=cfg,
-                group_size=task.group_size,
-                max_len=task.max_new_tokens,
-                version=step,
-                dist=dist,
-                sampling=task.sampling,
+    checkpoint_s: float | None = None  # logged on the step after its checkpoint
+    with StepWriter() as step_io:  # weights, metric rows, ledger: off the critical path
+        while state.step < total_steps:
+            step = state.step
+            t_wait = time.perf_counter()
+            deliveries, dropped = (
+                _take(buffer, task, step, trained, limits) if dist.is_main else ([], [])
             )
-        except DivergenceError as exc:
-            # A divergence ends the trial; its groups stay pending (never marked trained).
-            reason = f"step {step}: {exc}"
-            return LearnerOutcome(TrialStatus.DIVERGED, state.step, reason, metrics)
-        state.step = step + 1
-        state.updates += cfg.ppo_epochs * cfg.minibatches
-        if not dist.is_main:
-            continue  # rank 0 alone publishes, evaluates, commits and logs
-        location = weights.write(state.step, models.policy.module, config_dir=task.model_dir)
-        publish_unless_done(versions, state.step, location)
-        weights.prune(keep=keep, protect={0})
-        train_s = time.perf_counter() - t_train
-        uncommitted += deliveries
-        trained.update(d.group.group_id for d in deliveries)
-        state.trained_group_ids = sorted(trained)
-        timings = [group_timing(d, step, taken_at) for d in deliveries]
-        metrics = group_metrics(groups, step) | result.metrics
-        metrics |= staleness_metrics(timings, groups, [d.group for d in dropped])
-        grad_norm = metrics[M.OPTIM_GRAD_NORM]
-        state.grad_spikes += is_spike(state.grad_norm_history, grad_norm, cfg.grad_spike_factor)
-        state.grad_norm_history = [*state.grad_norm_history, grad_norm][-SPIKE_WINDOW:]
-        metrics[M.OPTIM_GRAD_SPIKES] = float(state.grad_spikes)
-        metrics |= telemetry.buffer_metrics() | telemetry.generator_metrics()
-        metrics[M.PERF_LEARNER_STEP_S] = wait_s + train_s
-        metrics[M.PERF_LEARNER_WAIT_FRAC] = wait_s / max(wait_s + train_s, 1e-9)
-        if state.step % cfg.eval_every == 0 or state.step == total_steps:
-            metrics[M.EVAL_PASS_RATE] = evaluate(models.policy.module)
-        is_checkpoint = state.step % cfg.checkpoint_every == 0 or state.step == total_steps
-        if is_checkpoint:
-            _commit(checkpoints, state, modules, buffer, uncommitted)
-        metrics_log.append(state.step, time.time(), metrics)
-        ledger.record(
-            state.step, [_provenance(d, t) for d, t in zip(deliveries, timings, strict=True)]
-        )
-        if on_step is not None:
-            on_step(state.step, metrics)
-    return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics)
+            taken_at = time.time()
+            wait_s = time.perf_counter() - t_wait
+            t_train = time.perf_counter()
+            groups = [d.group for d in deliveries]
+            batch = collate(groups, pad_id=_pad_id(models)) if dist.is_main else None
+            batch = broadcast_batch(batch, dist)  # rank 0's batch on every rank
+            try:
+                result = train_on_batch(
+                    train_models,
+                    batch,
+                    arm=task.arm,
+                    learner=cfg,
+                    group_size=task.group_size,
+                    max_len=task.max_new_tokens,
+                    version=step,
+                    dist=dist,
+                    sampling=task.sampling,
+                )
+            except DivergenceError as exc:
+                # A divergence ends the trial; its groups stay pending (never marked trained).
+                reason = f"step {step}: {exc}"
+                return LearnerOutcome(TrialStatus.DIVERGED, state.step, reason, metrics)
+            state.step = step + 1
+            state.updates += cfg.ppo_epochs * cfg.minibatches
+            if not dist.is_main:
+                continue  # rank 0 alone publishes, evaluates, commits and logs
+            t_publish = time.perf_counter()  # the snapshot; writing it overlaps the next step
+            snapshot = weight_snapshot(models.policy.module)
+            step_io.submit(
+                partial(
+                    publish_weights,
+                    weights,
+                    versions,
+                    version=state.step,
+                    snapshot=snapshot,
+                    task=task,
+                    keep=keep,
+                )
+            )
+            publish_s = time.perf_counter() - t_publish
+            train_s = t_publish - t_train + publish_s
+            uncommitted += deliveries
+            trained.update(d.group.group_id for d in deliveries)
+            state.trained_group_ids = sorted(trained)
+            timings = [group_timing(d, step, taken_at) for d in deliveries]
+            metrics = group_metrics(groups, step) | result.metrics
+            metrics |= staleness_metrics(timings, groups, [d.group for d in dropped])
+            metrics[M.TOKENS_GENERATED] = generated_tokens(groups + [d.group for d in dropped])
+            grad_norm = metrics[M.OPTIM_GRAD_NORM]
+            state.grad_spikes += is_spike(state.grad_norm_history, grad_norm, cfg.grad_spike_factor)
+            state.grad_norm_history = [*state.grad_norm_history, grad_norm][-SPIKE_WINDOW:]
+            metrics[M.OPTIM_GRAD_SPIKES] = float(state.grad_spikes)
+            metrics |= telemetry.buffer_metrics() | telemetry.generator_metrics()
+            metrics[M.PERF_LEARNER_STEP_S] = wait_s + train_s
+            metrics[M.PERF_LEARNER_WAIT_FRAC] = wait_s / max(wait_s + train_s, 1e-9)
+            metrics[M.PERF_LEARNER_TRAIN_S] = train_s - publish_s
+            metrics[M.PERF_WEIGHT_PUBLISH_S] = publish_s
+            if state.step % cfg.eval_every == 0 or state.step == total_steps:
+                t_eval = time.perf_counter()
+                metrics[M.EVAL_PASS_RATE] = _evaluate(
+                    evaluate, models.policy.module, state.step, evals_log
+                )
+                metrics[M.PERF_EVAL_S] = time.perf_counter() - t_eval
+            if checkpoint_s is not None:  # the previous checkpoint's, see contract.metrics
+                metrics[M.PERF_CHECKPOINT_S], checkpoint_s = checkpoint_s, None
+            rows = [_provenance(d, t) for d, t in zip(deliveries, timings, strict=True)]
+            step_io.submit(partial(metrics_log.append, state.step, time.time(), dict(metrics)))
+            step_io.submit(partial(ledger.record, state.step, rows))
+            if state.step % cfg.checkpoint_every == 0 or state.step == total_steps:
+                t_checkpoint = time.perf_counter()
+                # A checkpoint claims steps <= this one: their weights, metric rows and ledger
+                # must be on disk first (a resume truncates only what is newer).
+                step_io.drain()
+                _commit(checkpoints, state, modules, buffer, uncommitted)
+                checkpoint_s = time.perf_counter() - t_checkpoint
+            if on_step is not None:
+                on_step(state.step, metrics)
+        return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics)
+
+
+def _evaluate(
+    evaluate: Callable[[nn.Module, int], EvalReport | float],
+    model: nn.Module,
+    step: int,
+    evals_log: EvalsLog,
+) -> float:
+    """Run the evals of `step` (after `step` updates); returns eval/pass_rate.
+
+    An EvalReport's rows (one per eval set) go to evals.parquet and its primary set's greedy rate
+    is eval/pass_rate; a bare float is that rate alone, with no evals rows.
+    """
+    result = evaluate(model, step)
+    if isinstance(result, EvalReport):
+        evals_log.append(step, result.scores)
+        return result.pass_rate
+    return float(result)
+
+
+def publish_weights(
+    weights: WeightWriter,
+    versions: VersionPublisher,
+    *,
+    version: int,
+    snapshot: dict[str, torch.Tensor],
+    task: LearnerTask,
+    keep: int,
+) -> None:
+    """Write `version`'s weights, announce it, prune old versions (a `StepWriter` job)."""
+    location = weights.write(version, snapshot, config_dir=task.model_dir)
+    publish_unless_done(versions, version, location)
+    weights.prune(keep=keep, protect={0})
 
 
 def publish_unless_done(versions: VersionPublisher, version: int, location: str) -> None:

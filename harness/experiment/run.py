@@ -30,6 +30,7 @@ from harness.experiment.grid import (
     experiment_dir,
 )
 from harness.experiment.progress import ExperimentProgress
+from harness.experiment.ray_executor import open_pool
 from harness.experiment.scheduler import CommandBuilder, TrialExit, TrialPool, trial_command
 from harness.experiment.tracking import Tracker, open_tracker
 from harness.signals import forward_signals
@@ -253,7 +254,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             )
             done = len(trials) - len(queue)
             progress = ExperimentProgress(console, len(trials), done, per_trial)
-            pool = TrialPool(command, parallel, kill_grace_s, trial_timeout_s)
+            pool = open_pool(cfg.executor, command, parallel, kill_grace_s, trial_timeout_s)
             with progress, pool, forward_signals(pool.interrupt):
                 _run_queue(
                     queue=queue,

@@ -31,8 +31,10 @@ from mlflow.utils.validation import (
     MAX_TAG_VAL_LENGTH,
 )
 
+from contract import evals as E
 from contract import metrics as M
 from contract.layout import (
+    EVALS_DIR,
     LOGS_DIR,
     METRICS_DIR,
     PROMPTS_FILE,
@@ -43,6 +45,7 @@ from contract.layout import (
     TrialPaths,
 )
 from harness.experiment.grid import PlannedTrial
+from learner.evals_log import EvalsLog
 from learner.metrics_log import MetricsLog
 
 DATASET_CONTEXT = "train"
@@ -180,6 +183,37 @@ def metric_batches(table: pa.Table, now_ms: int) -> Iterator[list[Metric]]:
         yield batch
 
 
+def eval_metric_batches(table: pa.Table, now_ms: int) -> Iterator[list[Metric]]:
+    """The evals table (one row per step and eval set) as MLflow metrics `eval/<set>/<score>`
+    at their step (contract.evals), NaN (not measured) left out, in chunks of MLflow's limit."""
+    batch: list[Metric] = []
+    for row in table.to_pylist():
+        ks = {k: row[c] for c in row if (k := E.k_of_column(c)) is not None}
+        score = E.EvalSetScore(
+            row[E.EVAL_SET],
+            row[E.N_PROMPTS],
+            row[E.GREEDY_PASS_RATE],
+            row[E.SAMPLES],
+            row[E.PASS1_SAMPLED],
+            {k: value for k, value in ks.items() if value is not None},
+        )
+        for key, value in score.mlflow_metrics().items():
+            batch.append(Metric(key, float(value), now_ms, int(row[E.STEP])))
+            if len(batch) == MAX_METRICS_PER_BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def read_evals(trial_dir: Path) -> pa.Table | None:
+    """Every eval row of a trial (None if it wrote none: older trials have no evals table)."""
+    if not TrialPaths(Path(trial_dir)).evals.is_dir():
+        return None
+    table = EvalsLog(trial_dir).read()
+    return table if table.num_rows else None
+
+
 def read_metrics(trial_dir: Path) -> pa.Table | None:
     """All metric rows of a trial (None if it wrote none), via the learner's own reader."""
     if not TrialPaths(Path(trial_dir)).metrics.is_dir():
@@ -250,11 +284,11 @@ def stage_trial_files(trial_dir: Path, staging: Path) -> int:
         for log in sorted(logs.glob("*.log")):
             _place(log, staging / LOGS_DIR / log.name)
             count += 1
-    metrics = trial_dir / METRICS_DIR
-    if metrics.is_dir():
-        for part in sorted(metrics.glob("part-*.parquet")):
-            _place(part, staging / METRICS_DIR / part.name)
-            count += 1
+    for directory in (METRICS_DIR, EVALS_DIR):
+        if (trial_dir / directory).is_dir():
+            for part in sorted((trial_dir / directory).glob("part-*.parquet")):
+                _place(part, staging / directory / part.name)
+                count += 1
     return count
 
 
@@ -266,6 +300,11 @@ def log_trial_files(
     table = read_metrics(spec.trial_dir)
     if table is not None:
         for batch in metric_batches(table, int(time.time() * 1000)):
+            client.log_batch(run_id, metrics=batch, synchronous=True)
+            logged += len(batch)
+    evals = read_evals(spec.trial_dir)
+    if evals is not None:
+        for batch in eval_metric_batches(evals, int(time.time() * 1000)):
             client.log_batch(run_id, metrics=batch, synchronous=True)
             logged += len(batch)
     prompts = spec.paths.prompts

@@ -89,6 +89,35 @@ class TorchGenerator:
         self._version = 0
         self._records_routing = _check_routers(self._model)
 
+    @classmethod
+    def around(
+        cls,
+        model: torch.nn.Module,
+        *,
+        sampling: SamplingSettings,
+        eos_token_id: int,
+        pad_token_id: int,
+        max_batch_rows: int = DEFAULT_MAX_BATCH_ROWS,
+        timeout_s: float = GENERATE_TIMEOUT_S,
+    ) -> TorchGenerator:
+        """A generator over an already-loaded model, used as it is (no copy, no thread change).
+
+        Why: the learner's sampled evals draw from its current policy with the rollouts' exact
+        sampler (per-sample seeds, `learner.sampling_dist`). Routing is never recorded.
+        """
+        generator = cls.__new__(cls)
+        generator._model = model
+        generator._device = next(model.parameters()).device
+        generator.sampling = sampling
+        generator._eos = eos_token_id
+        generator._pad = pad_token_id
+        generator._max_len = int(model.config.max_position_embeddings)
+        generator._max_batch_rows = max_batch_rows
+        generator._timeout_s = timeout_s
+        generator._version = 0
+        generator._records_routing = False
+        return generator
+
     @property
     def version(self) -> int:
         return self._version

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 # First element of the RNG key, so the train and eval streams can never share a generator state.
 TRAIN_STREAM = 0
 EVAL_STREAM = 1
+MIXTURE_STREAM = 2  # which component of a training mixture prompt i comes from
 
 Message = tuple[str, str]  # (role, content) of one chat turn
 RewardInfo = dict[str, Any]

@@ -37,8 +37,7 @@ from harness.generators import GenRequest, make_generator, sample_seed
 from harness.models.factory import build_model_dir
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.signals import SignalLatch, install
-from harness.tasks.factory import make_rendered_task
-from harness.tasks.rewards import make_reward_fn
+from harness.tasks.mixture import make_train_mixture
 
 IDLE_POLL_S = 0.5
 # Fault injection for kill/restart tests: while the file this names exists and holds ticket t, the
@@ -83,8 +82,8 @@ class GroupMaker:
         self.run_id, self.generator_id = run_id, generator_id
         self.model_dir = build_model_dir(cfg.model, cfg.task)
         self.tokenizer = load_tokenizer(self.model_dir)
-        self.task = make_rendered_task(cfg.task, self.tokenizer)  # the same text as eval's
-        self.reward_fn = make_reward_fn(cfg.task)
+        # The training stream (`task`, or the `train_tasks` mixture), rendered as eval's text.
+        self.mixture = make_train_mixture(cfg, self.tokenizer)
         self.generator = make_generator(cfg.generation, self.model_dir, spec.seed)
 
     def request(self, ticket: int, prompt_text: str) -> GenRequest:
@@ -97,7 +96,8 @@ class GroupMaker:
         )
 
     def make(self, tickets: list[int], version: int, stats: GeneratorStats) -> list[RolloutGroup]:
-        prompts = [self.task.train_prompt(self.spec.seed, ticket) for ticket in tickets]
+        drawn = [self.mixture.prompt(self.spec.seed, ticket) for ticket in tickets]
+        prompts = [prompt for _, prompt in drawn]
         requests = [self.request(t, p.text) for t, p in zip(tickets, prompts, strict=True)]
         started = time.monotonic()
         generation_started = datetime.now(UTC)  # wall clock: staleness accounting reads it
@@ -105,12 +105,13 @@ class GroupMaker:
         stats.generate_s += time.monotonic() - started
         groups = []
         per_step = self.cfg.learner.prompts_per_step
-        for ticket, prompt, request, result in zip(
-            tickets, prompts, requests, results, strict=True
+        for ticket, (component, prompt), request, result in zip(
+            tickets, drawn, requests, results, strict=True
         ):
             # Special tokens (EOS) removed, as in eval: EOS sets finish_reason, not the reward.
             texts = [response_text(self.tokenizer, ids) for ids in result.response_ids]
-            scored = [self.reward_fn(text, prompt.ground_truth) for text in texts]
+            # Each prompt is scored by the verifier of the task it came from.
+            scored = [component.reward_fn(text, prompt.ground_truth) for text in texts]
             stats.tokens += sum(len(ids) for ids in result.response_ids)
             created_at = datetime.now(UTC)
             groups.append(
@@ -160,15 +161,24 @@ def claim_batch(
     return claimed, []
 
 
-def push_group(
-    buffer: RolloutBuffer, group: RolloutGroup, *, batch_index: int, ticket: int, limit: int
+def push_round(
+    buffer: RolloutBuffer,
+    groups: list[RolloutGroup],
+    *,
+    batch_index: int,
+    tickets: list[int],
+    limit: int,
 ) -> None:
-    """Push one group; one over `limit` (the buffer's max_message_bytes) is a GeneratorFatalError
-    naming the size it needs (the same seeds would make the same group after a restart)."""
+    """Push a round's groups together (buffer.push_many: two round trips for all of them), each
+    completing its ticket. A group over `limit` (the buffer's max_message_bytes) is a
+    GeneratorFatalError naming the size it needs (the same seeds would make the same group after
+    a restart); nothing of the round is sent then."""
     try:
-        buffer.push(group, batch_index=batch_index, ticket=ticket)
+        buffer.push_many(groups, batch_index=batch_index, tickets=tickets)
     except RecordError:
-        size = len(encode_group(group))
+        sizes = {g.group_id: len(encode_group(g)) for g in groups}
+        group = max(groups, key=lambda g: sizes[g.group_id])
+        size = sizes[group.group_id]
         if size <= limit:
             raise
         raise GeneratorFatalError(
@@ -285,9 +295,9 @@ def _generate(
             stats.sync_s += maker.generator.load_weights(want, location)
             stats.syncs += 1
             loaded = want
-        for ticket, group in zip(claimed, maker.make(claimed, loaded, stats), strict=True):
-            push_group(buffer, group, batch_index=batch_index, ticket=ticket, limit=message_limit)
-            stats.groups += 1
+        groups = maker.make(claimed, loaded, stats)
+        push_round(buffer, groups, batch_index=batch_index, tickets=claimed, limit=message_limit)
+        stats.groups += len(groups)
         buffer.report_generator_stats(generator_id, stats.as_metrics())
     maker.generator.close()
     buffer.report_generator_stats(generator_id, stats.as_metrics())

@@ -1,8 +1,8 @@
 """`harness learner`: wire the experiment config to the learner loop and run one learner.
 
 The learner package knows nothing about tasks or tokenizers (dependencies point one way); this
-module supplies the eval function (greedy pass rate on the held-out split) and the Redis-backed
-buffer, version registry and weight store.
+module supplies the eval function (the eval suite, `harness.evaluation.suite`) and the
+Redis-backed buffer, version registry and weight store.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torch import nn
-
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
 from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
 from buffer.versions import RunStateWatch
@@ -24,35 +22,17 @@ from contract.layout import TrialPaths
 from contract.record import write_json_atomic
 from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
+from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.models.factory import build_model_dir
-from harness.models.tokenizer import load_tokenizer
-from harness.models.warm_start import greedy_eval
-from harness.tasks.factory import make_rendered_task
-from harness.tasks.rewards import make_reward_fn
 from learner.checkpoint import CheckpointStore
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
 
 
-def make_evaluator(cfg: ExperimentConfig, model_dir: Path):
-    """Greedy pass rate on the fixed held-out split (the same prompts for every arm and seed)."""
-    tokenizer = load_tokenizer(model_dir)
-    task = make_rendered_task(cfg.task, tokenizer)  # rendered and scored as the rollouts are
-    reward_fn = make_reward_fn(cfg.task)
-    prompts = task.eval_prompts(cfg.task.eval_size)
-
-    def evaluate(model: nn.Module) -> float:
-        was_training = model.training
-        model.eval()
-        try:
-            result = greedy_eval(
-                model, tokenizer, reward_fn, prompts, max_new_tokens=cfg.generation.max_new_tokens
-            )
-            return result.pass_rate
-        finally:
-            model.train(was_training)
-
-    return evaluate
+def make_evaluator(cfg: ExperimentConfig, model_dir: Path, trial_seed: int) -> EvalSuite:
+    """Every eval set scored greedily (and sampled, with pass@k, when eval.samples > 0); the
+    same prompts for every arm and seed, rendered and scored as the rollouts are."""
+    return make_eval_suite(cfg, model_dir, trial_seed)
 
 
 class _RankZeroOnly:
@@ -170,7 +150,7 @@ def run_learner_component(
                 require_checkpoint_version(versions, paths)
             buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
             weights = WeightStore(paths.weights)
-            evaluate = make_evaluator(cfg, task.model_dir)
+            evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
         else:
             buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
         outcome = run_learner(

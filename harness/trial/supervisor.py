@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -39,9 +39,10 @@ from harness.models.factory import build_model_dir, load_tokenizer, weights_dige
 from harness.provenance import file_digest, provenance
 from harness.signals import SignalLatch, forward_signals
 from harness.tasks.factory import make_rendered_task
+from harness.tasks.mixture import make_train_mixture
+from harness.trial.launchers import Component, ComponentLauncher, LocalLauncher, open_launcher
 from harness.trial.processes import (
     EXIT_NO_RESTART,
-    Child,
     RestartBudget,
     python_module_args,
 )
@@ -73,15 +74,21 @@ def prompt_table(
     """The exact prompts the trial trains and evaluates on; equal tables prove matched arms.
 
     `prompt` is the rendered text (chat template applied, `task.prompt_format`) that the model
-    is given, so the prompt-set digest changes when the rendering does.
+    is given, so the prompt-set digest changes when the rendering does. `task` names where a row
+    came from: the training mixture's component (task.name without `train_tasks`), or the eval
+    set (`heldout` without `evals`).
     """
-    task = make_rendered_task(cfg.task, load_tokenizer(model_dir))
+    tokenizer = load_tokenizer(model_dir)
+    mixture = make_train_mixture(cfg, tokenizer)
     n_train = steps * cfg.learner.prompts_per_step
-    train = [task.train_prompt(spec.seed, i) for i in range(n_train)]
-    evals = task.eval_prompts(cfg.task.eval_size)
-    rows = [("train", p.index, p.text, p.ground_truth) for p in train]
-    rows += [("eval", p.index, p.text, p.ground_truth) for p in evals]
-    return pd.DataFrame(rows, columns=["split", "index", "prompt", "ground_truth"])
+    rows = []
+    for i in range(n_train):
+        component, p = mixture.prompt(spec.seed, i)
+        rows.append(("train", component.name, p.index, p.text, p.ground_truth))
+    for name, task_cfg in cfg.eval_sets():
+        evals = make_rendered_task(task_cfg, tokenizer).eval_prompts(task_cfg.eval_size)
+        rows += [("eval", name, p.index, p.text, p.ground_truth) for p in evals]
+    return pd.DataFrame(rows, columns=["split", "task", "index", "prompt", "ground_truth"])
 
 
 def prepare_trial(
@@ -95,7 +102,13 @@ def prepare_trial(
             f"trial {spec.name} already finished ({previous.status.value}) in {paths.root}"
         )
     if not resume:
-        for stale in (paths.checkpoints, paths.metrics, paths.weights, paths.redis_dir):
+        for stale in (
+            paths.checkpoints,
+            paths.metrics,
+            paths.evals,
+            paths.weights,
+            paths.redis_dir,
+        ):
             _remove_tree(stale)
         paths.learner_outcome.unlink(missing_ok=True)
     paths.resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
@@ -147,15 +160,18 @@ def _remove_tree(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def redis_for_trial(cfg: ExperimentConfig, paths: TrialPaths) -> Iterator[str]:
-    """The configured Redis URL, or an embedded redis-server whose AOF lives in the trial dir."""
+def redis_for_trial(
+    cfg: ExperimentConfig, paths: TrialPaths, host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """The configured Redis URL, or an embedded redis-server whose AOF lives in the trial dir,
+    bound to `host` (loopback, or the node's address when components run on other nodes)."""
     if cfg.buffer.redis_url:
         yield cfg.buffer.redis_url
         return
     from buffer.server import EmbeddedRedis
 
     paths.redis_dir.mkdir(parents=True, exist_ok=True)  # EmbeddedRedis makes it 0700
-    with EmbeddedRedis(paths.redis_dir, appendfsync=cfg.buffer.appendfsync) as server:
+    with EmbeddedRedis(paths.redis_dir, appendfsync=cfg.buffer.appendfsync, host=host) as server:
         yield server.url
 
 
@@ -188,9 +204,13 @@ def run_trial(
     record = prepare_trial(cfg, spec, paths, steps, resume)
     run_id = run_id_for(cfg, spec)
     interrupted = SignalLatch()
-    with forward_signals(interrupted.set), redis_for_trial(cfg, paths) as redis_url:
+    with (
+        open_launcher(cfg, interrupted) as launcher,  # before our handlers: Ray installs its own
+        forward_signals(interrupted.set),
+        redis_for_trial(cfg, paths, launcher.redis_host) as redis_url,
+    ):
         _reset_run(redis_url, cfg, run_id, fresh=not resume)
-        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume)
+        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume, launcher)
         outcome = _supervise(launch, interrupted)
     diverged, failed = outcome.status == TrialStatus.DIVERGED, outcome.status == TrialStatus.FAILED
     finished = {
@@ -231,6 +251,7 @@ class Launch:
     run_id: str
     steps: int
     resume: bool
+    launcher: ComponentLauncher = field(default_factory=LocalLauncher)  # where components run
 
 
 def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
@@ -239,10 +260,10 @@ def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     config_path = paths.resolved_config
     env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id}
     learner_args = component_args("learner", config_path, spec, paths, steps)
-    learner = Child("learner", learner_args + (["--resume"] if resume else []),
+    learner = launch.launcher.child("learner", learner_args + (["--resume"] if resume else []),
                     paths.component_log("learner"), env)  # fmt: skip
     generators = [
-        Child(
+        launch.launcher.child(
             f"generator-{i}",
             [
                 *component_args("generator", config_path, spec, paths, steps),
@@ -265,7 +286,7 @@ def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
 
 
 def _watch(
-    launch: Launch, learner: Child, generators: list[Child], interrupted: SignalLatch
+    launch: Launch, learner: Component, generators: list[Component], interrupted: SignalLatch
 ) -> TrialOutcome:
     paths = launch.paths
     budgets = {gen.name: RestartBudget(MAX_GENERATOR_RESTARTS) for gen in generators}
@@ -316,7 +337,7 @@ def _after_generator_crash(launch: Launch, gen_id: str) -> int:
     return _steps_done(launch.paths) + completed
 
 
-def _learner_finished(code: int, learner: Child, paths: TrialPaths) -> TrialOutcome:
+def _learner_finished(code: int, learner: Component, paths: TrialPaths) -> TrialOutcome:
     outcome = read_json(paths.learner_outcome)
     if code == 0 and outcome is not None:
         return TrialOutcome(

@@ -28,6 +28,7 @@ FIGURES = {
     "staleness_tradeoff",
     "clip_kl",
     "time_to_threshold",
+    "compute_matched",
 }
 SPEC = SyntheticSpec(
     skill={"gspo": 0.7, "grpo": 0.55},

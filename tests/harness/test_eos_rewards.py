@@ -109,5 +109,5 @@ def test_training_and_eval_rewards_agree_on_a_special_eos(setup, exact_42_module
     if scorer == "reward_fn":
         assert json.loads(group.reward_infos[0])["seen"] == "42"
 
-    evaluate = make_evaluator(cfg, model_dir)
-    assert evaluate(load_policy(model_dir, torch.float32, "cpu")) == 1.0
+    evaluate = make_evaluator(cfg, model_dir, trial_seed=0)
+    assert evaluate(load_policy(model_dir, torch.float32, "cpu"), 0).pass_rate == 1.0

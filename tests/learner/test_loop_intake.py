@@ -71,7 +71,7 @@ def test_forged_and_poison_groups_are_dead_lettered_and_training_goes_on(
         telemetry=Telemetry(client, RUN),
         versions=VersionRegistry(client, RUN),
         weights=WeightStore(tmp_path / "weights"),
-        evaluate=lambda _model: 0.0,
+        evaluate=lambda _model, _step: 0.0,
     )
     assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == 2
     trained = [(row["step"], row["group_id"]) for row in GroupLedger(task.trial_dir).read()]

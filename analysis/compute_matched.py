@@ -1,0 +1,226 @@
+"""Compute-matched learning curves: the primary score against steps, tokens and wall-clock time.
+
+Arms differ in how much compute a learner step costs (a lag lets the learner run ahead; PPO
+trains a critic), so equal steps is not equal compute. Each trial's eval curve is re-indexed by
+three budgets: learner steps, cumulative generated tokens (`tokens/generated` summed over steps:
+every response read, trained or dropped) and seconds since the trial started; each curve is
+linearly interpolated onto a grid shared by the trials compared at one lag. The grid spans only
+the budget every compared trial reached (from the largest first point to the smallest last
+point): nothing is extrapolated, so a faster arm is not credited with scores it never measured.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from analysis.stats import BootstrapSpec, aggregate_interval
+from analysis.summary import row
+from contract import metrics as mn
+
+TOKENS_GENERATED = mn.TOKENS_GENERATED  # absent from trials written before it existed
+AXES = {"step": "learner steps", "tokens": "generated tokens", "seconds": "wall-clock seconds"}
+GRID_POINTS = 21  # 20 intervals: the budget fractions below fall on grid points
+BUDGETS = (0.25, 0.5, 1.0)  # fractions of the common range at which the leader is named
+CURVE_COLUMNS = ["arm", "lag", "trial_name", "seed", "axis", "x", "value"]
+
+
+def budget_axes(trial: pd.DataFrame, started_s: float) -> pd.DataFrame:
+    """One trial's eval rows with their step, cumulative tokens and seconds since start.
+
+    Tokens are summed over every step (NaN = none logged that step counts 0) up to and including
+    the eval's step; NaN throughout when the trial never logged `tokens/generated`. Seconds are
+    `timestamp - started_s`, or since the first logged step when trial.json has no start time.
+    The eval at step 0 scores the initial weights, which hold until the first update, so it is
+    placed at 0 s: its timestamp would otherwise carry the trial's start-up time (model load,
+    generator start; tens of seconds that differ per trial) and leave short trials no common
+    time range.
+    """
+    trial = trial.sort_values(mn.STEP)
+    values = trial[mn.EVAL_PASS_RATE].to_numpy(dtype=float)
+    if TOKENS_GENERATED in trial.columns and trial[TOKENS_GENERATED].notna().any():
+        tokens = np.cumsum(np.nan_to_num(trial[TOKENS_GENERATED].to_numpy(dtype=float)))
+    else:
+        tokens = np.full(len(trial), np.nan)
+    stamps = trial[mn.TIMESTAMP].to_numpy(dtype=float)
+    origin = started_s if math.isfinite(started_s) else np.nanmin(stamps, initial=np.inf)
+    keep = np.isfinite(values)
+    steps = trial[mn.STEP].to_numpy(dtype=float)
+    seconds = np.where(steps == 0, 0.0, stamps - origin)
+    return pd.DataFrame(
+        {
+            "step": steps[keep],
+            "tokens": tokens[keep],
+            "seconds": seconds[keep],
+            "value": values[keep],
+        }
+    )
+
+
+def completed(scored: pd.DataFrame) -> pd.DataFrame:
+    """Scored trials that did not diverge: a diverged trial spent no tokens or time after its
+    drop, so it has no score at larger budgets and would cut every lag's common range short
+    (its divergence is counted in the Stability section)."""
+    return scored[~scored["diverged"].astype(bool)] if len(scored) else scored
+
+
+def budget_curves(metrics: pd.DataFrame, scored: pd.DataFrame) -> pd.DataFrame:
+    """Long table (CURVE_COLUMNS) of every scored trial's eval curve on each budget axis."""
+    if metrics.empty or scored.empty or mn.EVAL_PASS_RATE not in metrics.columns:
+        return pd.DataFrame(columns=CURVE_COLUMNS)
+    by_trial = dict(tuple(metrics.groupby("trial_name", sort=False)))
+    out = []
+    for t in scored.itertuples(index=False):
+        if t.trial_name not in by_trial:
+            continue
+        started = float(t.started_s) if not pd.isna(t.started_s) else math.nan
+        curve = budget_axes(by_trial[t.trial_name], started)
+        for axis in AXES:
+            part = curve[np.isfinite(curve[axis].to_numpy(dtype=float))]
+            keys = {"arm": t.arm, "lag": int(t.lag), "trial_name": t.trial_name, "seed": t.seed}
+            out.append(
+                pd.DataFrame({**keys, "axis": axis, "x": part[axis], "value": part["value"]})
+            )
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=CURVE_COLUMNS)
+
+
+def common_grid(curves: dict[str, tuple[np.ndarray, np.ndarray]], points: int) -> np.ndarray:
+    """Grid over [max of first x, min of last x] across the trials; empty if they share none."""
+    if not curves:
+        return np.array([], dtype=float)
+    lo = max(float(x[0]) for x, _ in curves.values())
+    hi = min(float(x[-1]) for x, _ in curves.values())
+    if not hi > lo:
+        return np.array([], dtype=float)
+    return np.linspace(lo, hi, points)
+
+
+def _monotone(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted by x with repeated x values collapsed to their last y (steps with no new tokens)."""
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    last = np.append(x[1:] != x[:-1], True)
+    return x[last], y[last]
+
+
+def interpolate(
+    trials: dict[str, tuple[np.ndarray, np.ndarray]], points: int = GRID_POINTS
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(grid, {trial: values on the grid}) by linear interpolation, no extrapolation."""
+    clean = {
+        name: _monotone(np.asarray(x, float), np.asarray(y, float))
+        for name, (x, y) in trials.items()
+    }
+    clean = {name: c for name, c in clean.items() if len(c[0])}
+    grid = common_grid(clean, points)
+    return grid, {name: np.interp(grid, x, y) for name, (x, y) in clean.items()}
+
+
+def matched_curves(curves: pd.DataFrame, points: int = GRID_POINTS) -> pd.DataFrame:
+    """Per (axis, lag): every trial's curve on the lag's common grid (CURVE_COLUMNS)."""
+    out = []
+    for (axis, lag), group in curves.groupby(["axis", "lag"], sort=True):
+        meta = group.drop_duplicates("trial_name").set_index("trial_name")
+        trials = {
+            name: (g["x"].to_numpy(dtype=float), g["value"].to_numpy(dtype=float))
+            for name, g in group.groupby("trial_name", sort=True)
+        }
+        grid, values = interpolate(trials, points)
+        for name, ys in values.items():
+            keys = {"arm": meta.loc[name, "arm"], "lag": lag, "trial_name": name}
+            keys |= {"seed": meta.loc[name, "seed"], "axis": axis}
+            out.append(pd.DataFrame({**keys, "x": grid, "value": ys}))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=CURVE_COLUMNS)
+
+
+def aggregate_matched(matched: pd.DataFrame, spec: BootstrapSpec) -> pd.DataFrame:
+    """IQM across seeds with a bootstrap band at each (axis, lag, arm, grid point)."""
+    out = []
+    for (axis, lag, arm, x), g in matched.groupby(["axis", "lag", "arm", "x"], sort=True):
+        interval = aggregate_interval(g["value"].to_numpy(dtype=float), "iqm", spec)
+        out.append((axis, lag, arm, x, interval.value, interval.low, interval.high, interval.n))
+    columns = ["axis", "lag", "arm", "x", "iqm", "low", "high", "n"]
+    return pd.DataFrame(out, columns=columns)
+
+
+def curve_summary_rows(agg: pd.DataFrame) -> list[dict]:
+    """Section `compute_curves`: the aggregated curves; `comparison` = '<axis> <x>'."""
+    return [
+        row(
+            "compute_curves",
+            "iqm",
+            r.iqm,
+            arm=str(r.arm),
+            lag=int(r.lag),
+            comparison=f"{r.axis} {r.x:.6g}",
+            ci_low=r.low,
+            ci_high=r.high,
+            n=int(r.n),
+        )
+        for r in agg.itertuples(index=False)
+    ]
+
+
+def _budget_label(axis: str, fraction: float, x: float) -> str:
+    amount = f"{x:,.1f}" if axis == "seconds" else f"{x:,.0f}"
+    return f"{axis}: {fraction:.2f} of common range ({amount})"
+
+
+def leader_rows(agg: pd.DataFrame) -> list[dict]:
+    """Section `compute_matched`: at each budget, the arm with the highest IQM and its rival.
+
+    `arm` is the leader; `leader_iqm` and `runner_up_iqm` carry their intervals; the note says
+    whether the two intervals overlap (if they do, the lead is not established at that budget).
+    """
+    rows = []
+    for (axis, lag), group in agg.groupby(["axis", "lag"], sort=True):
+        grid = np.sort(group["x"].unique())
+        if group["arm"].nunique() < 2 or len(grid) < 2:
+            continue
+        for fraction in BUDGETS:
+            x = grid[round(fraction * (len(grid) - 1))]
+            at = group[group["x"] == x].sort_values("iqm", ascending=False)
+            lead, rival = at.iloc[0], at.iloc[1]
+            if pd.isna(lead["low"]) or pd.isna(rival["high"]):
+                verdict = "no intervals (fewer than 2 seeds)"
+            elif lead["low"] > rival["high"]:
+                verdict = "intervals do not overlap"
+            else:
+                verdict = "intervals overlap"
+            note = f"runner-up {rival['arm']}; {verdict}"
+            common = {"arm": str(lead["arm"]), "lag": int(lag)}
+            common["comparison"] = _budget_label(axis, fraction, float(x))
+            rows += [
+                {
+                    **row(
+                        "compute_matched",
+                        "leader_iqm",
+                        lead["iqm"],
+                        ci_low=lead["low"],
+                        ci_high=lead["high"],
+                        n=int(lead["n"]),
+                        **common,
+                    ),
+                    "note": note,
+                },
+                {
+                    **row(
+                        "compute_matched",
+                        "runner_up_iqm",
+                        rival["iqm"],
+                        ci_low=rival["low"],
+                        ci_high=rival["high"],
+                        n=int(rival["n"]),
+                        **common,
+                    ),
+                    "note": note,
+                },
+            ]
+    return rows
+
+
+def compute_matched_rows(agg: pd.DataFrame) -> list[dict]:
+    """Both compute-matched sections."""
+    return leader_rows(agg) + curve_summary_rows(agg)

@@ -1,0 +1,1 @@
+"""The learner's periodic evals: every eval set scored greedily and with k samples (pass@k)."""

@@ -1,0 +1,292 @@
+"""`harness run` on a real two-node Ray cluster (ray.cluster_utils.Cluster on this machine).
+
+The head node carries the custom resource `node_head`, the worker `node_worker`, so a config
+can pin a component to either. Tests run in file order and the last one kills the worker node.
+No mocks: real Ray, real trials (torch generator, fixed mode), real Redis.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+from ray._raylet import Config as RayConfig
+from ray.cluster_utils import Cluster
+
+from contract.layout import TrialPaths
+from contract.record import read_trial_record
+from harness.config import load_config, load_config_data
+from harness.experiment.run import run_experiment
+from learner.metrics_log import MetricsLog
+from tests.harness.trial_helpers import REPO, SMALL, assert_same_metrics, process_alive
+
+pytestmark = pytest.mark.slow
+
+STEPS = 2
+BASE = [
+    *SMALL,
+    "generation.backend=torch",
+    "generation.num_generators=1",
+    "staleness.lags=[0]",
+    "staleness.mode=fixed",
+    "tracking.enabled=false",
+]
+ONE_TRIAL = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0]", "max_parallel=1"]
+TWO_BY_TWO = ["arms=[{name: gspo, objective: gspo}, {name: grpo, objective: grpo}]", "seeds=[0, 1]"]
+# Ray's process names: node services, and workers (renamed `ray::<actor>` once busy).
+RAY_NAMES = (
+    "raylet",
+    "gcs_server",
+    "plasma_store",
+    "log_monitor",
+    "dashboard",
+    "ray::",
+    "default_worker",
+)
+
+
+def _write_config(path: Path, overrides: list[str], executor: dict[str, Any] | None = None) -> Path:
+    data = load_config_data(REPO / "configs/quickstart.yaml", overrides)
+    if executor is not None:
+        data["executor"] = executor
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def _run(config: Path, out: Path, steps: int, max_parallel: int = 1) -> Any:
+    cfg = load_config(config)
+    return run_experiment(cfg, config, out, (), max_parallel, steps, report=False)
+
+
+def _placements(trial_dir: Path) -> dict[str, list[str]]:
+    """Component -> the Ray node ids it was started on, in order (from trial.log)."""
+    found: dict[str, list[str]] = {}
+    for line in TrialPaths(trial_dir).trial_log.read_text().splitlines():
+        name, sep, rest = line.partition(": started on Ray node ")
+        if sep:
+            found.setdefault(name, []).append(rest.split()[0])
+    return found
+
+
+def _is_ray(proc: psutil.Process) -> bool:
+    try:
+        text = proc.name() + " " + " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return any(name in text for name in RAY_NAMES)
+
+
+def _assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> None:
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    alive = [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    described = []
+    for proc in alive:
+        try:
+            described.append(f"{proc.pid} {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    assert not described, "processes survived:\n" + "\n".join(described)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    """Head (2 CPUs, `node_head`) + worker (2 CPUs, `node_worker`); fast node-death detection.
+
+    Token authentication as Ray enables it for new clusters, with a token of this module only;
+    the trials' subprocesses inherit it. On teardown every process started below this one since
+    (raylets, GCS, Ray workers, their component processes, trial runners, Redis) must be gone.
+    """
+    before = {proc.pid for proc in psutil.Process().children(recursive=True)}
+    saved = {key: os.environ.get(key) for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    RayConfig.initialize("")  # Ray read RAY_AUTH_MODE at import; re-read it, as ray.init does
+    fast = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    head = {"num_cpus": 2, "resources": {"node_head": 1}, "_system_config": fast}
+    ray_cluster = Cluster(initialize_head=True, head_node_args=head)
+    ray_cluster.add_node(num_cpus=2, resources={"node_worker": 1})
+    ray_cluster.wait_for_nodes()
+    try:
+        yield ray_cluster
+    finally:
+        started = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        saw_ray = any(_is_ray(p) for p in started)
+        ray_cluster.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        assert saw_ray  # the scan did see the cluster's processes
+        _assert_all_gone(started)
+
+
+def test_ray_matches_local_with_generators_on_the_other_node(
+    tmp_path: Path, cluster: Cluster
+) -> None:
+    """2 arms x 2 seeds: the same metrics as the local executor, every learner on the head
+    node and every generator on the worker node."""
+    local = _write_config(tmp_path / "local.yaml", [*BASE, *TWO_BY_TWO])
+    on_ray = _write_config(
+        tmp_path / "ray.yaml",
+        [*BASE, *TWO_BY_TWO],
+        executor={
+            "kind": "ray",
+            "address": cluster.address,
+            "learner": {"cpus": 0.5, "resources": {"node_head": 0.01}},
+            "generator": {"cpus": 0.5, "resources": {"node_worker": 0.01}},
+        },
+    )
+    # all four trials at once: on 2 cores that overlaps their start-up, not their compute
+    first = _run(local, tmp_path / "local", STEPS, max_parallel=4)
+    second = _run(on_ray, tmp_path / "ray", STEPS, max_parallel=4)
+    assert first.exit_code == 0 and second.exit_code == 0
+    assert [t.status for t in second.trials] == ["completed"] * 4
+    head, worker = cluster.head_node.node_id, next(iter(cluster.worker_nodes)).node_id
+    for trial in second.trials:
+        name = trial.spec.trial_name
+        assert_same_metrics(tmp_path / "local/trials" / name, trial.spec.trial_dir)
+        assert _placements(trial.spec.trial_dir) == {"learner": [head], "generator-0": [worker]}
+        config = yaml.safe_load(trial.spec.paths.resolved_config.read_text())
+        assert config["executor"]["kind"] == "ray"
+    # the executor is not part of the trial's identity: both runs record the same config hash
+    hashes = {
+        read_trial_record(t.spec.trial_dir).config_hash for t in [*first.trials, *second.trials]
+    }
+    assert len(hashes) == 1
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _cmdlines(procs: list[psutil.Process]) -> str:
+    text = []
+    for proc in procs:
+        try:
+            text.append(proc.name() + " " + " ".join(proc.cmdline()))
+        except psutil.Error:
+            continue
+    return "\n".join(text)
+
+
+def test_ctrl_c_tears_down_a_local_ray_instance(tmp_path: Path) -> None:
+    """`harness run --executor ray` with no address starts its own Ray; SIGINT mid-trial stops
+    the trial, its actors and components, its Redis and the whole Ray instance."""
+    config = _write_config(tmp_path / "exp.yaml", [*BASE, *ONE_TRIAL])
+    out = tmp_path / "exp"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    argv = [sys.executable, "-m", "harness.cli", "run", str(config), "--out", str(out)]
+    argv += ["--steps", "40", "--executor", "ray"]
+    process = subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    trial_dir = out / "trials" / "gspo__seed0__lag0__fixed"
+    log = MetricsLog(trial_dir)
+    deadline = time.monotonic() + 240
+    while not (log.root.exists() and 1 in log.steps()):
+        assert process.poll() is None, f"harness run exited early with {process.returncode}"
+        assert time.monotonic() < deadline, "the trial did not reach step 1"
+        time.sleep(0.2)
+    tree = _descendants(process.pid)
+    seen = _cmdlines(tree)
+    for expected in ("raylet", "gcs_server", "redis-server", "harness.cli learner"):
+        assert expected in seen, f"{expected} not among the launch's processes:\n{seen}"
+    assert "harness.cli generator" in seen
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=120) == 128 + signal.SIGINT
+    _assert_all_gone(tree)
+    record = read_trial_record(trial_dir)  # as a local interrupted trial: the next launch resumes
+    assert record.status == "failed" and record.failure_reason.startswith("interrupted")
+
+
+def _kill_node(cluster: Cluster, node: Any) -> None:
+    """What a machine dying does: SIGKILL its Ray services and everything below them (workers
+    and the components they run) at once, then take the node out of the cluster's books."""
+    doomed = []
+    for infos in node.all_processes.values():
+        for info in infos:
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(info.process.pid)
+                doomed += [*proc.children(recursive=True), proc]
+    for proc in doomed:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    cluster.remove_node(node, allow_graceful=False)
+
+
+def test_losing_a_node_retries_the_trial_which_resumes(tmp_path: Path, cluster: Cluster) -> None:
+    """Learner on the worker node (SPREAD, generator pinned to the head); the worker dies after
+    step 3: the trial fails with `node lost`, the executor starts it again on the head alone,
+    and it resumes from its last checkpoint; every group is trained exactly once."""
+    steps = 12  # the kill lands after step 3, well before the end
+    config = _write_config(
+        tmp_path / "exp.yaml",
+        [*BASE, *ONE_TRIAL],
+        executor={
+            "kind": "ray",
+            "address": cluster.address,
+            "placement_strategy": "SPREAD",
+            "learner": {"cpus": 1},
+            "generator": {"cpus": 1, "resources": {"node_head": 0.01}},
+            "max_trial_retries": 1,
+        },
+    )
+    worker = next(iter(cluster.worker_nodes))
+    trial_dir = tmp_path / "exp/trials/gspo__seed0__lag0__fixed"
+    killed_at: list[float] = []
+    placed_before: list[dict[str, list[str]]] = []
+    learner_pid: list[int] = []
+
+    def kill_worker_after_step_3() -> None:
+        log = MetricsLog(trial_dir)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if log.root.exists() and 3 in log.steps():
+                placed_before.append(_placements(trial_dir))
+                learner_pid.append(int((trial_dir / "logs/learner.pid").read_text()))
+                killed_at.append(time.time())
+                _kill_node(cluster, worker)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_worker_after_step_3, daemon=True)
+    killer.start()
+    result = _run(config, tmp_path / "exp", steps)
+    killer.join(timeout=5)
+    assert killed_at, "the worker node was never killed"
+    assert placed_before[0]["learner"] == [worker.node_id]  # SPREAD put it on the worker
+    assert not process_alive(learner_pid[0])  # the learner died with its node
+    assert [t.status for t in result.trials] == ["completed"]
+    record = read_trial_record(trial_dir)
+    assert record.resumed and record.steps_completed == steps
+    trial_log = TrialPaths(trial_dir).trial_log.read_text()
+    assert "learner failed: node lost" in trial_log
+    assert "a Ray node was lost; retry 1 of 1, resuming" in trial_log
+    assert _placements(trial_dir)["learner"] == [worker.node_id, cluster.head_node.node_id]
+    ledger = sorted(TrialPaths(trial_dir).trained_groups.glob("step-*.json"))
+    groups = [g["group_id"] for path in ledger for g in json.loads(path.read_text())]
+    assert len(groups) == len(set(groups)) == steps * 4  # learner.prompts_per_step=4
+    # Resumed from a checkpoint: the first attempt's ledger up to its last checkpoint (step 2,
+    # or 4 if it got there before dying) was kept, every later step retrained by the retry
+    # (whose learner.pid is newer than the kill).
+    retried_at = (trial_dir / "logs/learner.pid").stat().st_mtime
+    assert retried_at > killed_at[0]
+    kept = [p.name for p in ledger if p.stat().st_mtime < retried_at]
+    assert kept in ([f"step-{k:06d}.json" for k in range(1, last + 1)] for last in (2, 4))
