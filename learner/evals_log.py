@@ -8,7 +8,6 @@ row per eval set (column names in `contract.evals`).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 from contract import evals as E
 from contract.evals import EvalSetScore
 from contract.layout import TrialPaths
+from learner.metrics_log import write_part
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
 _FIXED_COLUMNS = (
@@ -57,12 +57,7 @@ class EvalsLog:
         schema = evals_schema(next(iter(ks)))
         rows = [score.row(step) for score in scores]
         table = pa.Table.from_pylist(rows, schema=schema)
-        final = self._part(step)
-        tmp = final.with_name(f".{final.name}.tmp")
-        pq.write_table(table, tmp)
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(final)
+        write_part(table, self._part(step))
 
     def steps(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _PART.match(p.name)))

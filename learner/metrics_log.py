@@ -28,6 +28,16 @@ METRICS_SCHEMA = pa.schema(
 )
 
 
+def write_part(table: pa.Table, final: Path) -> None:
+    """Write one Parquet part atomically: a temporary name, fsync, rename into place (readers
+    never see a partial part; a kill leaves at most a hidden temporary file)."""
+    tmp = final.with_name(f".{final.name}.tmp")
+    pq.write_table(table, tmp)
+    with tmp.open("rb") as handle:
+        os.fsync(handle.fileno())
+    tmp.replace(final)
+
+
 class MetricsLog:
     """Append-only per-step metric rows under `<trial_dir>/metrics.parquet/`."""
 
@@ -51,12 +61,7 @@ class MetricsLog:
             value = metrics.get(name)
             row[name] = [math.nan if value is None else float(value)]
         table = pa.table(row, schema=METRICS_SCHEMA)
-        final = self._part(step)
-        tmp = final.with_name(f".{final.name}.tmp")
-        pq.write_table(table, tmp)
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(final)
+        write_part(table, self._part(step))
 
     def steps(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _PART.match(p.name)))
