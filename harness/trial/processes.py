@@ -104,9 +104,13 @@ class Child:
             preexec_fn=_die_with_parent,  # noqa: PLW1509
         )
         log.close()
-        # Operators (and the kill/resume tests) find a component by its pid file.
-        with open_private(self.log_path.with_suffix(".pid"), append=False) as pid_file:
+        # Operators (and the kill/resume tests) find a component by its pid file. It is replaced
+        # atomically: a reader polling it never sees the empty file between truncate and write.
+        pid_path = self.log_path.with_suffix(".pid")
+        staging = pid_path.with_suffix(".pid.tmp")
+        with open_private(staging, append=False) as pid_file:
             pid_file.write(str(self.process.pid).encode())
+        os.replace(staging, pid_path)
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
 
 from harness.trial.processes import Child
@@ -35,3 +36,28 @@ def test_a_restart_appends_and_tightens_an_older_log(tmp_path: Path) -> None:
     assert (logs / "echo.log").read_text() == "before\nafter\n"
     assert (logs / "echo.pid").read_text() == str(child.pid)  # replaced, not appended
     assert_private(logs)
+
+
+def test_a_reader_polling_the_pid_file_never_sees_it_empty(tmp_path: Path) -> None:
+    """The fault-injection test (like an operator's script) polls the pid file while the
+    supervisor restarts components; a truncate-then-write left a window where it read ''."""
+    logs = tmp_path / "logs"
+    child = Child("sleep", [sys.executable, "-c", "pass"], logs / "sleep.log")
+    _run(child)
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            seen.append((logs / "sleep.pid").read_text())
+
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for _ in range(30):
+            _run(child)
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and all(text.isdigit() for text in seen)
+    assert not list(logs.glob("*.tmp"))
