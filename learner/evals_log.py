@@ -1,27 +1,23 @@
 """Per-eval-set scores on disk: `evals.parquet/` holds one Parquet part per eval step.
 
-The same layout and rules as `learner.metrics_log` (whose docstring says why a directory of
-parts): each part is written under a temporary name and renamed into place, so readers see only
-whole eval steps, and a resumed trial drops the parts newer than its checkpoint. A part holds one
-row per eval set (column names in `contract.evals`).
+The same layout and rules as `metrics.parquet/` (`learner.step_parts` says why a directory of
+parts): readers see only whole eval steps, and a resumed trial drops the parts newer than its
+checkpoint. A part holds one row per eval set (column names in `contract.evals`).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from contract import evals as E
 from contract.evals import EvalSetScore
 from contract.layout import TrialPaths
-from learner.metrics_log import write_part
+from learner.step_parts import StepParts
 
-_PART = re.compile(r"^part-(\d{6})\.parquet$")
 _FIXED_COLUMNS = (
     pa.field(E.STEP, pa.int64()),
     pa.field(E.EVAL_SET, pa.string()),
@@ -43,11 +39,8 @@ class EvalsLog:
     """Append-only eval rows under `<trial_dir>/evals.parquet/`, one part per eval step."""
 
     def __init__(self, trial_dir: Path) -> None:
-        self.root = TrialPaths(Path(trial_dir)).evals
-        self.root.mkdir(parents=True, exist_ok=True)
-
-    def _part(self, step: int) -> Path:
-        return self.root / f"part-{step:06d}.parquet"
+        self.parts = StepParts(TrialPaths(Path(trial_dir)).evals)
+        self.root = self.parts.root
 
     def append(self, step: int, scores: Sequence[EvalSetScore]) -> None:
         """Write one eval step's rows atomically. Every set must report the same k values."""
@@ -57,23 +50,21 @@ class EvalsLog:
         schema = evals_schema(next(iter(ks)))
         rows = [score.row(step) for score in scores]
         table = pa.Table.from_pylist(rows, schema=schema)
-        write_part(table, self._part(step))
+        self.parts.write(step, table)
 
     def steps(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.root.iterdir() if (m := _PART.match(p.name)))
+        return self.parts.steps()
 
     def truncate_after(self, step: int) -> None:
         """Drop the parts of steps > `step` (written by a run killed after its last checkpoint)."""
-        for existing in self.steps():
-            if existing > step:
-                self._part(existing).unlink()
+        self.parts.truncate_after(step)
 
     def read(self) -> pa.Table:
         """All rows so far, sorted by (step, file order of the sets); empty with the fixed columns
         when no eval has run."""
-        parts = [str(self._part(s)) for s in self.steps()]
+        parts = self.parts.paths()
         if not parts:
             return evals_schema([]).empty_table()
-        schema = pa.unify_schemas([pq.read_schema(p) for p in parts])
+        schema = self.parts.union_schema(parts)
         table = ds.dataset(parts, format="parquet", schema=schema).to_table()
         return table.sort_by(E.STEP)  # Arrow's sort is stable: sets keep their order
