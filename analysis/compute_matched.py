@@ -196,27 +196,16 @@ def leader_rows(agg: pd.DataFrame) -> list[dict]:
                 {
                     **row(
                         "compute_matched",
-                        "leader_iqm",
-                        lead["iqm"],
-                        ci_low=lead["low"],
-                        ci_high=lead["high"],
-                        n=int(lead["n"]),
+                        name,
+                        arm_row["iqm"],
+                        ci_low=arm_row["low"],
+                        ci_high=arm_row["high"],
+                        n=int(arm_row["n"]),
                         **common,
                     ),
                     "note": note,
-                },
-                {
-                    **row(
-                        "compute_matched",
-                        "runner_up_iqm",
-                        rival["iqm"],
-                        ci_low=rival["low"],
-                        ci_high=rival["high"],
-                        n=int(rival["n"]),
-                        **common,
-                    ),
-                    "note": note,
-                },
+                }
+                for name, arm_row in (("leader_iqm", lead), ("runner_up_iqm", rival))
             ]
     return rows
 
