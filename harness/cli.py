@@ -281,6 +281,13 @@ def run(
     overrides = [*(overrides or []), *executor_overrides(executor, address)]
     cfg = load_or_exit(config, overrides)
     check_inputs(cfg)
+    if out is not None:
+        from harness.config import refuse_uri
+
+        try:
+            refuse_uri(str(out), "--out")
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     try:
         result = run_experiment(cfg, config, out, overrides, max_parallel, steps, console=console)
     except (ConfigError, TrialStateError, ExperimentLockedError, MlflowException) as exc:

@@ -8,11 +8,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from analysis.config import ReportConfig
 from buffer.config import BufferConfig, StalenessConfig
@@ -83,6 +91,20 @@ class TrackingConfig(BaseModel):
     enabled: bool = Field(default=True, description="Log to MLflow at all.")
 
 
+_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
+
+
+def refuse_uri(value: str, where: str) -> None:
+    """Trial output is read and written with POSIX file operations (atomic renames, fsync), so a
+    URI would silently become a local directory named `s3:`; say so instead."""
+    if _URI.match(value):
+        raise ValueError(
+            f"{where}={value!r} is a URI, but trial output must be a POSIX path (object stores "
+            "are not supported yet): mount the bucket or a shared volume at the same path on "
+            "every node and give that path"
+        )
+
+
 class ExperimentConfig(BaseModel):
     """A whole matched comparison: arms x seeds x staleness lags."""
 
@@ -123,6 +145,12 @@ class ExperimentConfig(BaseModel):
         description="Trials run at once. Each trial already uses a generator and a learner "
         "process, so 1 suits 2 cores.",
     )
+
+    @field_validator("output_dir")
+    @classmethod
+    def _posix_output(cls, value: str) -> str:
+        refuse_uri(value, "output_dir")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -68,3 +68,11 @@ def test_non_positive_steps_is_a_usage_error_naming_the_option(tmp_path: Path) -
             assert result.returncode == 2, (command, steps, result.stdout)
             assert "--steps" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
+
+
+def test_run_refuses_an_object_store_out_before_starting_anything(tmp_path: Path) -> None:
+    """Path('s3://b/x') would become a local directory `s3:/b/x`; nothing may be created."""
+    result = harness("run", "configs/quickstart.yaml", "--out", "s3://bucket/exp")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--out" in result.stderr and "POSIX path" in result.stderr
+    assert not (REPO / "s3:").exists()

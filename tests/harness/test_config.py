@@ -123,3 +123,9 @@ def test_appendfsync_off_survives_yaml_booleans(text: str) -> None:
 def test_appendfsync_on_is_refused_naming_the_field() -> None:
     with pytest.raises(ConfigError, match=r"buffer\.appendfsync: .*use always, everysec or off"):
         load_config(REPO / "configs/quickstart.yaml", ["buffer.appendfsync=on"])
+
+
+def test_an_object_store_output_dir_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"output_dir.*s3://bucket/runs.*POSIX path"):
+        load_config(write(tmp_path, MINIMAL + "output_dir: s3://bucket/runs\n"))
+    assert load_config(write(tmp_path, MINIMAL + "output_dir: /shared/runs\n"))
