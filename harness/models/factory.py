@@ -226,7 +226,7 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -
     (out_dir / WARM_START_FILE).write_text(json.dumps(report.to_json_dict(), indent=2) + "\n")
     info = {
         "format_version": FORMAT_VERSION,
-        "cache_key": out_dir.name,
+        "cache_key": builtin_cache_key(model_cfg, task_cfg),  # not out_dir: a staging name
         "model": model_cfg.model_dump(mode="json", exclude={"cache_dir"}),
         "task": task_cfg.model_dump(mode="json"),
         "tie_word_embeddings": TIE_WORD_EMBEDDINGS,

@@ -76,6 +76,7 @@ def test_builds_are_deterministic_and_cached(tmp_path: Path) -> None:
         "build_info.json",
     ):
         assert (first / name).is_file(), name
+    assert json.loads((first / "build_info.json").read_text())["cache_key"] == first.name
     report = json.loads((first / "warm_start.json").read_text())
     assert report["steps"] == 3 and report["eval_n"] == 8
     assert 0.0 <= report["greedy_pass_rate"] <= 1.0
