@@ -219,6 +219,12 @@ class RunKeys:
         return self._key(f"digest:{group_id}")
 
     @property
+    def initial_weights(self) -> str:
+        """Digest of the initial weights (v0) the learner started the run from; every generator
+        compares its own model directory with it before generating."""
+        return self._key("initial_weights")
+
+    @property
     def ticket_next(self) -> str:
         """Next never-issued ticket number."""
         return self._key("tickets:next")

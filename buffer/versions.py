@@ -82,6 +82,10 @@ class RunStateWatch:
         self.check(None if raw is None else int(raw))
 
 
+class InitialWeightsMismatchError(RuntimeError):
+    """A component's initial weights differ from the ones the run started from."""
+
+
 class VersionRegistry:
     """Publish and look up policy versions of one run."""
 
@@ -129,6 +133,38 @@ class VersionRegistry:
                 "resuming from a checkpoint must publish its checkpoint's version or later"
             ) from exc
         self.watch.saw(version, f"this process published v{version}")
+
+    def record_initial_weights(self, digest: str, who: str) -> None:
+        """The learner names the initial weights (v0) of the run, before it publishes v0. A
+        resumed learner must name the same ones: InitialWeightsMismatchError otherwise."""
+        key = self._keys.initial_weights
+        if self._client.set(key, digest, nx=True):
+            return
+        self._compare(digest, who)
+
+    def check_initial_weights(self, digest: str, who: str) -> None:
+        """InitialWeightsMismatchError unless `digest` (sha256 of `who`'s initial weights) is the
+        run's. A generator starts on its own copy of the model (v0 is never loaded from the weight
+        store), so a node that built or mounted a different model would sample from another
+        policy than the learner scores, silently: every ratio and correction would be wrong."""
+        self._compare(digest, who)
+
+    def initial_weights_named(self) -> str | None:
+        """The digest the learner named, or None before it did."""
+        raw = self._client.get(self._keys.initial_weights)
+        return None if raw is None else raw.decode()
+
+    def _compare(self, digest: str, who: str) -> None:
+        expected = self.initial_weights_named()
+        if expected is None:
+            return  # a learner of an older version, or none yet: nothing to compare with
+        if expected != digest:
+            raise InitialWeightsMismatchError(
+                f"{who} has initial weights with sha256 {digest[:12]}..., but run "
+                f"{self._keys.run_id!r} started from {expected[:12]}...: every node must load the "
+                "same model (mount model.path, or model.cache_dir for the built-in model, on "
+                "storage all nodes share; a model built separately on another CPU differs)"
+            )
 
     def current(self) -> tuple[int, str] | None:
         """(latest version, its location), or None before the learner published v0.

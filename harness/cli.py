@@ -186,6 +186,7 @@ def learner(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one learner against a Redis URL ($HARNESS_REDIS_URL) and run id ($HARNESS_RUN_ID)."""
+    from buffer.versions import InitialWeightsMismatchError
     from contract.layout import TrialPaths
     from harness.trial.learner_main import run_learner_component
 
@@ -196,7 +197,7 @@ def learner(
         run_learner_component(
             cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
         )
-    except ConfigError as exc:
+    except (ConfigError, InitialWeightsMismatchError) as exc:
         raise fail(str(exc)) from None
 
 

@@ -29,12 +29,12 @@ from buffer.streams import (
     fixed_policy_version,
     ticket_batch,
 )
-from buffer.versions import RunStateWatch
+from buffer.versions import InitialWeightsMismatchError, RunStateWatch
 from contract import metrics as M
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.generators import GenRequest, make_generator, sample_seed
-from harness.models.factory import build_model_dir
+from harness.models.factory import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.signals import SignalLatch, install
 from harness.tasks.mixture import make_train_mixture
@@ -81,6 +81,7 @@ class GroupMaker:
         self.cfg, self.spec = cfg, spec
         self.run_id, self.generator_id = run_id, generator_id
         self.model_dir = build_model_dir(cfg.model, cfg.task)
+        self.initial_weights = weights_digest(self.model_dir)  # checked against the learner's
         self.tokenizer = load_tokenizer(self.model_dir)
         # The training stream (`task`, or the `train_tasks` mixture), rendered as eval's text.
         self.mixture = make_train_mixture(cfg, self.tokenizer)
@@ -236,7 +237,8 @@ def run_generator_component(
                 steps=steps,
                 watch=watch,
             )
-    except (BufferConnectionError, RunStateLostError) as exc:  # a restart meets the same Redis
+    except (BufferConnectionError, RunStateLostError, InitialWeightsMismatchError) as exc:
+        # a restart meets the same Redis, and the same model
         raise GeneratorFatalError(str(exc)) from None
 
 
@@ -263,6 +265,7 @@ def _generate(
     message_limit = cfg.buffer.max_message_bytes
     loaded = 0  # the engine starts on the initial weights, version 0
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
+    checked = False
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
 
     while not (stop.caught or buffer.stop_requested()):
@@ -273,6 +276,9 @@ def _generate(
                 versions.wait_for_version(0, timeout_s=IDLE_POLL_S)
             stats.idle_s += time.monotonic() - idle_from
             continue
+        if not checked:  # v0 is out, so the learner has named the run's initial weights
+            versions.check_initial_weights(maker.initial_weights, f"generator {generator_id}")
+            checked = True
         published = current[0]
         limit = min(admission_limit(published, spec.lag, per_step), total)
         claimed, carry = claim_batch(

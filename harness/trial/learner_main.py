@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
-from buffer.streams import RolloutBuffer, Telemetry, VersionRegistry, connect
-from buffer.versions import RunStateWatch
+from buffer.streams import RolloutBuffer, Telemetry, connect
+from buffer.versions import InitialWeightsMismatchError, RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
 from contract.layout import TrialPaths
-from contract.record import write_json_atomic
+from contract.record import TrialRecordError, read_trial_record, write_json_atomic
 from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
-from harness.models.factory import build_model_dir
+from harness.models.factory import build_model_dir, weights_digest
 from learner.checkpoint import CheckpointStore
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
@@ -103,6 +103,25 @@ def require_checkpoint_version(versions: VersionRegistry, paths: TrialPaths) -> 
     versions.require(step, f"the learner's checkpoint of step {step} came after v{step}")
 
 
+def name_initial_weights(versions: VersionRegistry, paths: TrialPaths, model_dir: Path) -> None:
+    """Check this node's model against the one the trial was prepared with (trial.json), then
+    name it in Redis for the generators (before v0 is published, so none can miss it)."""
+    digest = weights_digest(model_dir)
+    try:
+        record = read_trial_record(paths.root)
+    except TrialRecordError:
+        record = None  # the supervisor replaces an invalid record; Redis still gets the digest
+    prepared = record.initial_weights_digest if record is not None else None
+    if prepared is not None and prepared != digest:
+        raise InitialWeightsMismatchError(
+            f"the learner's model {model_dir} has weights with sha256 {digest[:12]}..., but the "
+            f"trial was prepared with {prepared[:12]}... ({record.model_dir}): every node must "
+            "load the same model (mount model.path, or model.cache_dir for the built-in model, "
+            "on storage all nodes share)"
+        )
+    versions.record_initial_weights(digest, "the learner")
+
+
 def learner_task(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
 ) -> LearnerTask:
@@ -148,6 +167,7 @@ def run_learner_component(
             versions = VersionRegistry(client, run_id, watch=watch)
             if resume:  # before anything recreates the run's keys
                 require_checkpoint_version(versions, paths)
+            name_initial_weights(versions, paths, task.model_dir)
             buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
             weights = WeightStore(paths.weights)
             evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
