@@ -60,6 +60,11 @@ class TrialPaths:
         return self.root / TRIAL_JSON
 
     @property
+    def supervisor_lock(self) -> Path:
+        """Locked (fcntl) by the trial's supervisor while it runs: one supervisor per trial."""
+        return self.root / ".supervisor.lock"
+
+    @property
     def trial_log(self) -> Path:
         """The trial runner's stdout and stderr, appended by `harness run` at each launch."""
         return self.root / TRIAL_LOG

@@ -1,12 +1,13 @@
 """Run trials as subprocesses, at most `max_parallel` at once, and never leave one behind.
 
-Each trial runs in its own session (`start_new_session=True`), so its process group holds the
-trial runner and whatever it starts without a session of its own. Stopping a trial means
-SIGTERM to that group, a grace period for the runner to tear its components down, then SIGKILL
-to the group and to every descendant seen when the stop began (components that started their
-own sessions included). The pool does this for every trial still running when it is closed,
-whatever the reason (Ctrl-C, SIGTERM, an exception, a timeout), and also kills stragglers left
-in a trial's group after it exited normally.
+Each trial runs in its own session, so its process group holds the trial runner and whatever
+it starts without a session of its own, and gets SIGTERM if `harness run` dies (even by SIGKILL:
+PR_SET_PDEATHSIG), so a killed driver leaves no trial running on behind a re-run. Stopping a
+trial means SIGTERM to that group, a grace period for the runner to tear its components down,
+then SIGKILL to the group and to every descendant seen when the stop began (components that
+started their own sessions included). The pool does this for every trial still running when it
+is closed, whatever the reason (Ctrl-C, SIGTERM, an exception, a timeout), and also kills
+stragglers left in a trial's group after it exited normally.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from contract.layout import TRIAL_JSON
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TERMINAL_STATUSES, LaunchStatus, TrialStatus
 from harness.experiment.grid import PlannedTrial
-from harness.trial.processes import open_private
+from harness.trial.processes import die_with_parent, open_private
 
 # (spec, resume) -> argv. Injectable so tests can run a tiny real script in place of a trial.
 CommandBuilder = Callable[[PlannedTrial, bool], list[str]]
@@ -213,7 +214,8 @@ class TrialPool:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                # Its own session, and SIGTERM (a Ctrl-C's teardown) when this process dies.
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - the pool starts trials from one thread
                 env=self.env,
             )
         trial = RunningTrial(spec, resume, process, time.monotonic())

@@ -12,16 +12,13 @@ directory renamed into place when complete (readers never see half a model), und
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +39,7 @@ from transformers import (
 )
 
 from harness.config import ConfigError, ModelConfig, TaskConfig
+from harness.file_lock import file_lock
 from harness.models.chat_warm_start import chat_warm_start
 from harness.models.mistral_vocab import build_mistral_tokenizer, save_mistral_tokenizer
 from harness.models.tokenizer import (
@@ -76,7 +74,6 @@ FORMAT_VERSION = 2
 # A warm start of the default config takes seconds; a large one minutes. Waiting longer than this
 # for another process's build means that process is stuck.
 LOCK_TIMEOUT_S = 1800.0
-LOCK_POLL_S = 0.1
 # Untied input/output embeddings (Qwen2's own default): the output head can learn answer-token
 # statistics independently of the input embedding. Recorded in config.json.
 TIE_WORD_EMBEDDINGS = False
@@ -237,34 +234,13 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -
     (out_dir / BUILD_INFO_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
 
 
-@contextmanager
-def file_lock(path: Path, timeout_s: float) -> Iterator[None]:
-    """Exclusive fcntl lock on `path`, polled so that waiting has a deadline."""
-    deadline = time.monotonic() + timeout_s
-    with path.open("a") as handle:
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"waited {timeout_s:.0f} s for the build lock {path}; another process is "
-                        "building this model (or hung): stop it, or delete the lock file"
-                    ) from None
-                time.sleep(LOCK_POLL_S)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _build_cached(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     cache_dir = Path(model_cfg.cache_dir).expanduser()
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = builtin_cache_key(model_cfg, task_cfg)
     final = cache_dir / key
-    with file_lock(cache_dir / f"{key}.lock", LOCK_TIMEOUT_S):
+    building = "another process building this model (or hung): stop it, or delete the lock file"
+    with file_lock(cache_dir / f"{key}.lock", LOCK_TIMEOUT_S, building):
         if final.is_dir():  # renamed into place only when complete
             return final
         staging = Path(tempfile.mkdtemp(prefix=f".{key}.building-", dir=cache_dir))

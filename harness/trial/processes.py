@@ -75,7 +75,8 @@ class RestartBudget:
         return True
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """preexec_fn: a new session, and SIGTERM when the parent dies (even by SIGKILL)."""
     os.setsid()
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -101,7 +102,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             # The supervisor is single-threaded; prctl(PDEATHSIG) has no spawn-safe equivalent.
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=die_with_parent,  # noqa: PLW1509
         )
         log.close()
         # Operators (and the kill/resume tests) find a component by its pid file. It is replaced

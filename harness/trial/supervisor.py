@@ -35,6 +35,7 @@ from contract.record import (
 )
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
+from harness.file_lock import LockTimeoutError, file_lock
 from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
 from harness.provenance import file_digest, provenance
 from harness.signals import SignalLatch, forward_signals
@@ -49,6 +50,8 @@ from harness.trial.processes import (
 
 # Restarts of one generator in a row without progress (a learner step or a pushed group).
 MAX_GENERATOR_RESTARTS = 3
+# A previous supervisor of the same trial tears down in about component grace (10 s) + Redis stop.
+SUPERVISOR_LOCK_WAIT_S = 30.0
 POLL_S = 0.2
 
 
@@ -198,9 +201,25 @@ def run_trial(
     steps: int | None = None,
     resume: bool = False,
 ) -> TrialOutcome:
-    """Run a trial to its end; the returned status is also written to trial.json."""
+    """Run a trial to its end; the returned status is also written to trial.json.
+
+    One supervisor per trial directory: a second one (a re-run racing the teardown of a killed
+    `harness run`, or a hand-started `harness trial`) waits for the first to let go, then fails
+    naming the lock instead of sharing its Redis, logs and checkpoints.
+    """
     paths = TrialPaths(Path(out_dir))
-    steps = steps or cfg.learner.steps
+    paths.root.mkdir(parents=True, exist_ok=True)
+    holder = f"another supervisor of trial {spec.name} (a `harness run` or `harness trial`)"
+    try:
+        with file_lock(paths.supervisor_lock, SUPERVISOR_LOCK_WAIT_S, holder):
+            return _run_trial(cfg, spec, paths, steps or cfg.learner.steps, resume)
+    except LockTimeoutError as exc:
+        raise TrialFailedError(str(exc)) from None
+
+
+def _run_trial(
+    cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int, resume: bool
+) -> TrialOutcome:
     record = prepare_trial(cfg, spec, paths, steps, resume)
     run_id = run_id_for(cfg, spec)
     interrupted = SignalLatch()

@@ -7,10 +7,12 @@ process groups, signals, resume and MLflow logging under test are the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -334,3 +336,48 @@ def test_report_is_built_and_logged(tmp_path: Path, mlflow_template: Path) -> No
     client = MlflowClient(tracking_uri=result.tracking_uri)
     files = {f.path for f in client.list_artifacts(result.parent_run_id, "report")}
     assert "report/report.md" in files and "report/report.html" in files
+
+
+DRIVER = """
+import sys, time
+from pathlib import Path
+from harness.experiment.grid import expand_trials
+from harness.experiment.scheduler import TrialPool, trial_command
+from tests.harness.test_experiment import FAKE_PREFIX, write_config
+
+root = Path(sys.argv[1])
+cfg, path = write_config(root, seeds=[0], arms=[{"name": "gspo", "objective": "gspo"}])
+(spec,) = expand_trials(cfg)
+pool = TrialPool(trial_command(path, prefix=FAKE_PREFIX), max_parallel=1, kill_grace_s=1.0)
+pool.start(spec, resume=False)
+print(spec.trial_dir, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_driver_takes_its_trial_runners_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kill -9` of `harness run` runs no teardown; without PR_SET_PDEATHSIG its trials went on,
+    and the re-run started a second supervisor on the same trial directory."""
+    monkeypatch.setenv("FAKE_HANG", "1")
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(tmp_path)],
+        cwd=Path(__file__).resolve().parents[2],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    trial_dir = Path(driver.stdout.readline().strip())
+    wait_for_files([trial_dir / "pids.txt"], timeout_s=60)
+    runner, grandchild = (int(p) for p in (trial_dir / "pids.txt").read_text().split())
+    driver.kill()
+    driver.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while alive(runner) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not alive(runner), "the trial runner outlived its SIGKILLed driver"
+    finally:
+        for pid in (runner, grandchild):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
