@@ -47,7 +47,7 @@ from harness.config_sections import (
     VerifierName,
 )
 from harness.overrides import ConfigError, apply_overrides
-from learner.config import ArmConfig, LearnerConfig, warn_equivalent_arms
+from learner.config import ArmConfig, LearnerConfig, warn_equivalent_arms, warn_single_update
 
 __all__ = [
     "UNREPRODUCIBLE_SAMPLING",
@@ -201,6 +201,7 @@ class ExperimentConfig(BaseModel):
                 "or lower learner.checkpoint_every"
             )
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
+        warn_single_update(self.arms, self.learner)  # ratio 1 at every update: no clipping
         return self
 
     @model_validator(mode="after")

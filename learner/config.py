@@ -227,3 +227,34 @@ def warn_equivalent_arms(arms: list[ArmConfig], learner: LearnerConfig) -> list[
     for message in messages:
         warnings.warn(message, EquivalentArmsWarning, stacklevel=2)
     return messages
+
+
+def warn_single_update(arms: list[ArmConfig], learner: LearnerConfig) -> list[str]:
+    """Warn (EquivalentArmsWarning) when one update per step makes the objectives' ratios moot.
+
+    With ppo_epochs x minibatches = 1 and pi_old recomputed by the learner, the only update of a
+    step is taken at pi_theta = pi_old: every ratio is exactly 1, no clip range ever engages, and
+    GSPO-token and GRPO (seq-mean-token-mean) take the same gradient under the same per-token
+    weights (GSPO too when the weights are per sequence). A GSPO-vs-GRPO comparison run that way
+    measures only the corrections' weights and the clip-free paths, which is rarely intended.
+    """
+    if learner.ppo_epochs * learner.minibatches != 1:
+        return []
+    recomputing = [
+        arm
+        for arm in arms
+        if arm_spec(arm.objective).advantages == "group"  # PPO's critic makes its own path
+        and arm_spec(arm.objective).effective_aggregation(arm.agg) == "seq-mean-token-mean"
+        and arm.correction_for(learner).kind != "naive"
+    ]
+    if len({arm.objective for arm in recomputing}) < 2:
+        return []
+    names = ", ".join(f"{arm.name!r} ({arm.objective})" for arm in recomputing)
+    message = (
+        f"arms {names} recompute pi_old and take one update per step (learner.ppo_epochs x "
+        "learner.minibatches = 1): every ratio is exactly 1, no clipping engages, and their "
+        "gradients differ only through their correction weights; set learner.minibatches >= 2 "
+        "(or ppo_epochs >= 2) to compare the objectives"
+    )
+    warnings.warn(message, EquivalentArmsWarning, stacklevel=2)
+    return [message]

@@ -14,7 +14,13 @@ import pytest
 
 from learner import objectives
 from learner.arms import ARMS, Objective, ObjectiveOptions, arm_spec, objective_options
-from learner.config import ArmConfig, EquivalentArmsWarning, LearnerConfig, warn_equivalent_arms
+from learner.config import (
+    ArmConfig,
+    EquivalentArmsWarning,
+    LearnerConfig,
+    warn_equivalent_arms,
+    warn_single_update,
+)
 from learner.masking import LOSS_AGGREGATIONS
 from learner.step import loss_units
 
@@ -140,3 +146,21 @@ def test_no_objective_name_branches_outside_the_registry() -> None:
         if pattern.search(line)
     ]
     assert offenders == []
+
+
+def test_one_update_per_step_with_a_recomputed_pi_old_warns_that_ratios_are_one() -> None:
+    arms = [
+        ArmConfig(name="tok", objective="gspo_token", correction="decoupled"),
+        ArmConfig(name="grpo", objective="grpo", correction="icepop"),
+    ]
+    with pytest.warns(EquivalentArmsWarning, match=r"'tok' \(gspo_token\), 'grpo' \(grpo\)"):
+        assert len(warn_single_update(arms, LearnerConfig(minibatches=1))) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert warn_single_update(arms, LearnerConfig(minibatches=2)) == []
+        assert warn_single_update(arms, LearnerConfig(ppo_epochs=2)) == []
+        naive = [arm.model_copy(update={"correction": "naive"}) for arm in arms]
+        assert warn_single_update(naive, LearnerConfig()) == []  # pi_old = mu: ratios move
+        dapo = [arms[0], ArmConfig(name="dapo", objective="grpo", agg="token-mean")]
+        assert warn_single_update(dapo, LearnerConfig()) == []  # token-mean weighs differently
+        assert warn_single_update(arms[:1], LearnerConfig()) == []  # nothing to compare
