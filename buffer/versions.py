@@ -137,24 +137,19 @@ class VersionRegistry:
     def record_initial_weights(self, digest: str, who: str) -> None:
         """The learner names the initial weights (v0) of the run, before it publishes v0. A
         resumed learner must name the same ones: InitialWeightsMismatchError otherwise."""
-        key = self._keys.initial_weights
-        if self._client.set(key, digest, nx=True):
-            return
-        self._compare(digest, who)
-
-    def check_initial_weights(self, digest: str, who: str) -> None:
-        """InitialWeightsMismatchError unless `digest` (sha256 of `who`'s initial weights) is the
-        run's. A generator starts on its own copy of the model (v0 is never loaded from the weight
-        store), so a node that built or mounted a different model would sample from another
-        policy than the learner scores, silently: every ratio and correction would be wrong."""
-        self._compare(digest, who)
+        if not self._client.set(self._keys.initial_weights, digest, nx=True):
+            self.check_initial_weights(digest, who)
 
     def initial_weights_named(self) -> str | None:
         """The digest the learner named, or None before it did."""
         raw = self._client.get(self._keys.initial_weights)
         return None if raw is None else raw.decode()
 
-    def _compare(self, digest: str, who: str) -> None:
+    def check_initial_weights(self, digest: str, who: str) -> None:
+        """InitialWeightsMismatchError unless `digest` (sha256 of `who`'s initial weights) is the
+        run's. A generator starts on its own copy of the model (v0 is never loaded from the weight
+        store), so a node that built or mounted a different model would sample from another
+        policy than the learner scores, silently: every ratio and correction would be wrong."""
         expected = self.initial_weights_named()
         if expected is None:
             return  # a learner of an older version, or none yet: nothing to compare with

@@ -40,7 +40,10 @@ class EvalsLog:
 
     def __init__(self, trial_dir: Path) -> None:
         self.parts = StepParts(TrialPaths(Path(trial_dir)).evals)
-        self.root = self.parts.root
+
+    @property
+    def root(self) -> Path:
+        return self.parts.root
 
     def append(self, step: int, scores: Sequence[EvalSetScore]) -> None:
         """Write one eval step's rows atomically. Every set must report the same k values."""

@@ -26,7 +26,10 @@ class MetricsLog:
 
     def __init__(self, trial_dir: Path) -> None:
         self.parts = StepParts(TrialPaths(Path(trial_dir)).metrics)
-        self.root = self.parts.root
+
+    @property
+    def root(self) -> Path:
+        return self.parts.root
 
     def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
         """Write one step's row atomically, with every registered metric (NaN if unmeasured).
