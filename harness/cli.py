@@ -223,14 +223,19 @@ def generator(
     from harness.trial.generator_main import GeneratorFatalError, run_generator_component
     from harness.trial.processes import EXIT_NO_RESTART
 
-    del out  # generators write nothing but Redis; the option keeps the component CLIs uniform
     generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
     url, run_id = _redis_env()
     try:
         run_generator_component(
-            cfg, spec, redis_url=url, run_id=run_id, generator_id=generator_id, steps=steps
+            cfg,
+            spec,
+            redis_url=url,
+            run_id=run_id,
+            generator_id=generator_id,
+            steps=steps,
+            trial_dir=out,  # generators write only Redis; weights are fetched here from a bucket
         )
     except (GeneratorFatalError, ConfigError) as exc:  # a restart would fail the same way
         raise fail(str(exc), code=EXIT_NO_RESTART) from None
@@ -246,8 +251,12 @@ def executor_overrides(executor: str | None, address: str | None) -> list[str]:
 def run(
     config: ConfigArg,
     out: Annotated[
-        Path | None,
-        typer.Option("--out", help="Experiment output dir; default <output_dir>/<name>."),
+        str | None,
+        typer.Option(
+            "--out",
+            help="Experiment output dir, or a URI (s3://bucket/prefix); default "
+            "<output_dir>/<name>.",
+        ),
     ] = None,
     max_parallel: Annotated[
         int | None, typer.Option("--max-parallel", help="Trials at once; default from config.")
@@ -277,21 +286,21 @@ def run(
 
     from harness.experiment.grid import TrialStateError
     from harness.experiment.run import ExperimentLockedError, run_experiment
+    from harness.storage.remote_tree import StorageError
 
     # The flags are overrides, so every trial resolves the executor the experiment resolved.
     overrides = [*(overrides or []), *executor_overrides(executor, address)]
     cfg = load_or_exit(config, overrides)
     check_inputs(cfg)
-    if out is not None:
-        from harness.config import refuse_uri
-
-        try:
-            refuse_uri(str(out), "--out")
-        except ValueError as exc:
-            raise fail(str(exc)) from None
     try:
         result = run_experiment(cfg, config, out, overrides, max_parallel, steps, console=console)
-    except (ConfigError, TrialStateError, ExperimentLockedError, MlflowException) as exc:
+    except (
+        ConfigError,
+        TrialStateError,
+        ExperimentLockedError,
+        MlflowException,
+        StorageError,
+    ) as exc:
         raise fail(str(exc)) from None
     raise typer.Exit(result.exit_code)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    field_validator,
     model_validator,
 )
 
@@ -91,20 +89,6 @@ class TrackingConfig(BaseModel):
     enabled: bool = Field(default=True, description="Log to MLflow at all.")
 
 
-_URI = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:/")
-
-
-def refuse_uri(value: str, where: str) -> None:
-    """Trial output is read and written with POSIX file operations (atomic renames, fsync), so a
-    URI would silently become a local directory named `s3:`; say so instead."""
-    if _URI.match(value):
-        raise ValueError(
-            f"{where}={value!r} is a URI, but trial output must be a POSIX path (object stores "
-            "are not supported yet): mount the bucket or a shared volume at the same path on "
-            "every node and give that path"
-        )
-
-
 class ExperimentConfig(BaseModel):
     """A whole matched comparison: arms x seeds x staleness lags."""
 
@@ -138,19 +122,17 @@ class ExperimentConfig(BaseModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     report: ReportConfig = Field(default_factory=ReportConfig)
     executor: ExecutorConfig = Field(default_factory=ExecutorConfig)
-    output_dir: str = Field(default="runs", description="Root of experiment outputs.")
+    output_dir: str = Field(
+        default="runs",
+        description="Root of experiment outputs: a path, or a pyarrow.fs URI (`s3://bucket/"
+        "prefix`, `gs://...`, `hdfs://...`) synced from working copies (executor.scratch_dir).",
+    )
     max_parallel: int = Field(
         default=1,
         gt=0,
         description="Trials run at once. Each trial already uses a generator and a learner "
         "process, so 1 suits 2 cores.",
     )
-
-    @field_validator("output_dir")
-    @classmethod
-    def _posix_output(cls, value: str) -> str:
-        refuse_uri(value, "output_dir")
-        return value
 
     @model_validator(mode="before")
     @classmethod

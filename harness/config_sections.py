@@ -326,6 +326,17 @@ class ExecutorConfig(BaseModel):
         description="kind=ray: seconds one component actor may take to start once its "
         "bundle is reserved (a worker process on its node).",
     )
+    scratch_dir: str = Field(
+        default="~/.cache/gspo-harness/work",
+        description="output_dir is a URI (`s3://...`): where each machine keeps its working "
+        "copies of trial directories (the driver's, and with kind=ray each component's own).",
+    )
+    sync_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="output_dir is a URI: how often progress (metrics, logs) is pushed to and "
+        "pulled from the bucket. Checkpoints and weight versions are uploaded when written.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ExecutorConfig:

@@ -34,6 +34,13 @@ from harness.experiment.ray_executor import open_pool
 from harness.experiment.scheduler import CommandBuilder, TrialExit, TrialPool, trial_command
 from harness.experiment.tracking import Tracker, open_tracker
 from harness.signals import forward_signals
+from harness.storage.experiment_storage import (
+    experiment_storage,
+    publish_working_copy,
+    restore_working_copy,
+)
+from harness.storage.remote_tree import StorageError
+from harness.storage.trial_storage import Storage
 
 __all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
 
@@ -211,7 +218,7 @@ def _finish_trials(
 def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented contract
     cfg: ExperimentConfig,
     config_path: Path,
-    out_dir: Path | None = None,
+    out_dir: Path | str | None = None,
     overrides: Sequence[str] = (),
     max_parallel: int | None = None,
     steps: int | None = None,
@@ -230,11 +237,14 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     learner.steps. `command` replaces the trial command (tests run a tiny script with it).
     """
     console = console or Console()
+    storage = experiment_storage(cfg, out_dir)
+    if storage is not None:  # a bucket: run in this machine's working copy, synced with it
+        out_dir = restore_working_copy(storage, private_components=cfg.executor.kind == "ray")
     out_dir = Path(out_dir).resolve() if out_dir is not None else experiment_dir(cfg)
     parallel = max_parallel if max_parallel is not None else cfg.max_parallel
     command = command or trial_command(config_path, overrides, steps)
     result = ExperimentResult(out_dir)
-    with experiment_lock(out_dir):
+    with experiment_lock(out_dir), _published(storage, out_dir, console):
         resolved = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
         ExperimentPaths(out_dir).resolved_config.write_text(resolved)
         per_trial = steps if steps is not None else cfg.learner.steps
@@ -249,12 +259,14 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             _adopt_finished(trials, tracker, console, result)
             console.print(
                 f"{cfg.name}: {len(trials)} trials, {len(queue)} to run, "
-                f"{len(trials) - len(queue)} already done; output in {out_dir}",
+                f"{len(trials) - len(queue)} already done; output in {out_dir}"
+                + (f", synced to {storage.tree().label}" if storage is not None else ""),
                 highlight=False,
             )
             done = len(trials) - len(queue)
             progress = ExperimentProgress(console, len(trials), done, per_trial)
             pool = open_pool(cfg.executor, command, parallel, kill_grace_s, trial_timeout_s)
+            pool.env.update(storage.env() if storage is not None else {})
             with progress, pool, forward_signals(pool.interrupt):
                 _run_queue(
                     queue=queue,
@@ -277,6 +289,20 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
         _track(console, result, "close the parent run", tracker.end_experiment, status)
     _print_summary(console, result)
     return result
+
+
+@contextmanager
+def _published(storage: Storage | None, out_dir: Path, console: Console) -> Iterator[None]:
+    """On the way out (finished, failed or interrupted), push the driver's files to the
+    bucket; a failure to do so is printed, never hides the run's own outcome."""
+    try:
+        yield
+    finally:
+        if storage is not None:
+            try:
+                publish_working_copy(storage, out_dir)
+            except StorageError as exc:
+                console.print(f"[red]error:[/red] {exc}", highlight=False)
 
 
 def _parent_status(result: ExperimentResult) -> str:

@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 import redis
 
@@ -31,12 +32,15 @@ from buffer.streams import (
 )
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch
 from contract import metrics as M
+from contract.layout import WEIGHTS_DIR, TrialPaths
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.generators import GenRequest, make_generator, sample_seed
 from harness.models.factory import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.signals import SignalLatch, install
+from harness.storage.remote_weights import WeightFetcher
+from harness.storage.trial_storage import TrialSync
 from harness.tasks.mixture import make_train_mixture
 
 IDLE_POLL_S = 0.5
@@ -213,6 +217,7 @@ def run_generator_component(
     run_id: str,
     generator_id: str,
     steps: int | None,
+    trial_dir: Path | None = None,
 ) -> GeneratorStats:
     """Generate until every ticket of the trial is done or a stop is requested."""
     stop = SignalLatch()
@@ -236,10 +241,20 @@ def run_generator_component(
                 generator_id=generator_id,
                 steps=steps,
                 watch=watch,
+                fetcher=weight_fetcher(trial_dir),
             )
     except (BufferConnectionError, RunStateLostError, InitialWeightsMismatchError) as exc:
         # a restart meets the same Redis, and the same model
         raise GeneratorFatalError(str(exc)) from None
+
+
+def weight_fetcher(trial_dir: Path | None) -> WeightFetcher | None:
+    """With a private working copy (Ray executor, trial output in a bucket), versions come
+    from the bucket into this copy; otherwise the announced path is read where it is."""
+    sync = TrialSync.for_component(trial_dir) if trial_dir is not None else None
+    if sync is None:
+        return None
+    return WeightFetcher(TrialPaths(trial_dir).weights, sync.remote.child(WEIGHTS_DIR))
 
 
 def _generate(
@@ -253,6 +268,7 @@ def _generate(
     generator_id: str,
     steps: int | None,
     watch: RunStateWatch | None = None,
+    fetcher: WeightFetcher | None = None,
 ) -> GeneratorStats:
     """The loop of `run_generator_component`; the caller owns (and closes) `client`."""
     buffer = RolloutBuffer(client, run_id, cfg.buffer)
@@ -298,6 +314,8 @@ def _generate(
         want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
         if want != loaded:
             location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)
+            if fetcher is not None:  # the announced path is on the learner's node
+                location = fetcher.fetch(want)
             stats.sync_s += maker.generator.load_weights(want, location)
             stats.syncs += 1
             loaded = want

@@ -18,12 +18,19 @@ from buffer.connection import BufferConnectionError, RunStateLostError, redis_fa
 from buffer.streams import RolloutBuffer, Telemetry, connect
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
-from contract.layout import TrialPaths
+from contract.layout import WEIGHTS_DIR, TrialPaths
 from contract.record import TrialRecordError, read_trial_record, write_json_atomic
 from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.models.factory import build_model_dir, weights_digest
+from harness.storage.remote_weights import RemoteWeightStore
+from harness.storage.trial_storage import (
+    LEARNER_FILES,
+    LEARNER_PROGRESS,
+    TrialSync,
+    UploadBeforeAck,
+)
 from learner.checkpoint import CheckpointStore
 from learner.distributed import init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
@@ -155,6 +162,10 @@ def run_learner_component(
     Under `torchrun` every rank runs this; only rank 0 uses the Redis client and writes files.
     """
     dist = init_distributed(cfg.learner.device)
+    sync = TrialSync.for_component(paths.root) if dist.is_main else None
+    if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
+        sync.pull(LEARNER_FILES)
+    on_step = _fault_injection() if dist.is_main else None
     with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
         owned.enter_context(redis_failures_as_one_line(redis_url))  # exits last: sees all
         owned.callback(shutdown, dist)
@@ -170,6 +181,10 @@ def run_learner_component(
             name_initial_weights(versions, paths, task.model_dir)
             buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
             weights = WeightStore(paths.weights)
+            if sync is not None:
+                buffer = UploadBeforeAck(buffer, sync)
+                weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
+                on_step = _with_progress_push(on_step, sync)
             evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
         else:
             buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
@@ -181,7 +196,7 @@ def run_learner_component(
             weights=weights,
             evaluate=evaluate,
             resume=resume,
-            on_step=_fault_injection() if dist.is_main else None,
+            on_step=on_step,
             dist=dist,
         )
     if not dist.is_main:
@@ -194,5 +209,21 @@ def run_learner_component(
             "diverged_reason": outcome.diverged_reason,
         },
     )
+    if sync is not None:
+        sync.push(LEARNER_FILES)
     print(json.dumps({"learner": outcome.status, "steps": outcome.steps_completed}), flush=True)
     return outcome
+
+
+def _with_progress_push(
+    on_step: Callable[[int, dict[str, float]], None] | None, sync: TrialSync
+) -> Callable[[int, dict[str, float]], None]:
+    """`on_step`, then the learner's progress (metrics, evals, ledger) to the bucket every
+    sync interval, so the driver's progress display and restart budget see it."""
+
+    def step_done(step: int, metrics: dict[str, float]) -> None:
+        sync.push_now_and_then(LEARNER_PROGRESS)
+        if on_step is not None:
+            on_step(step, metrics)
+
+    return step_done

@@ -30,9 +30,10 @@ from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, RayTa
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from contract.layout import TRIAL_JSON
+from contract.layout import LOGS_DIR, TRIAL_JSON, TrialPaths
 from harness.config_sections import ComponentResources, ExecutorConfig
 from harness.signals import SignalLatch
+from harness.storage.trial_storage import ENV_TRIAL, SUPERVISOR_INPUTS, Storage, TrialSync
 from harness.trial.launchers import NODE_LOST
 from harness.trial.processes import EXIT_NO_RESTART, Child
 from harness.trial.supervisor import TrialFailedError
@@ -65,16 +66,32 @@ def bundle_index(name: str) -> int:
 
 
 class ComponentHost:
-    """Runs one component's command on the node Ray placed this actor on."""
+    """Runs one component's command on the node Ray placed this actor on.
+
+    Trial output in a bucket (the supervisor's env names it): the component works in a private
+    copy of the trial directory on this node; its arguments and log are pointed there, the
+    supervisor's files are pulled before each start, and its log is pushed now and then.
+    """
 
     def __init__(self, name: str, args: list[str], log_path: str, env: dict[str, str]) -> None:
+        storage = Storage.from_env(env)
+        self._sync: TrialSync | None = None
+        if storage is not None:
+            driver_root = str(Path(log_path).parent.parent)
+            local = storage.component_dir(env[ENV_TRIAL], name)
+            args = [_rebase(arg, driver_root, str(local)) for arg in args]
+            log_path = str(TrialPaths(local).component_log(name))
+            self._sync = TrialSync(storage, env[ENV_TRIAL], local)
         self._child = Child(name, list(args), Path(log_path), dict(env))
+        self._log = f"{LOGS_DIR}/{Path(log_path).name}"
 
     def start(self) -> tuple[str, str]:
         """Start (or restart) the component; returns (node id, node IP) for the trial log."""
         node = ray.get_runtime_context().get_node_id()
         ip = ray.util.get_node_ip_address()
         trial_dir = self._child.log_path.parent.parent
+        if self._sync is not None:
+            self._sync.pull(SUPERVISOR_INPUTS, delete=False)
         if not (trial_dir / TRIAL_JSON).is_file():
             raise RuntimeError(
                 f"the trial directory {trial_dir} is not visible on Ray node {ip}: trial output "
@@ -89,10 +106,36 @@ class ComponentHost:
         return node, ip
 
     def poll(self) -> int | None:
-        return self._child.poll()
+        code = self._child.poll()
+        self._push_log(now=code is not None)
+        return code
 
     def stop(self, timeout_s: float) -> None:
         self._child.stop(timeout_s)
+        self._push_log(now=True)
+
+    def _push_log(self, now: bool) -> None:
+        """The log to the bucket (best effort: the supervisor asks this actor for its tail)."""
+        if self._sync is None:
+            return
+        with contextlib.suppress(OSError):
+            if now:
+                self._sync.push([self._log])
+            else:
+                self._sync.push_now_and_then([self._log])
+
+    def last_line(self) -> str:
+        return self._child.last_line()
+
+    def tail(self, lines: int) -> str:
+        return self._child.tail(lines)
+
+
+def _rebase(arg: str, old_root: str, new_root: str) -> str:
+    """A path under the supervisor's trial directory, moved under this node's working copy."""
+    if arg == old_root or arg.startswith(old_root + "/"):
+        return new_root + arg[len(old_root) :]
+    return arg
 
 
 _RemoteHost = ray.remote(max_restarts=0, max_task_retries=0)(ComponentHost)
@@ -170,10 +213,19 @@ class RayChild:
     def last_line(self) -> str:
         if self.lost is not None:
             return f"error: {self.lost}"
-        return self._local.last_line()
+        return self._ask("last_line") or self._local.last_line()
 
     def tail(self, lines: int = 20) -> str:
-        return self._local.tail(lines)
+        return self._ask("tail", lines) or self._local.tail(lines)
+
+    def _ask(self, method: str, *args: Any) -> str | None:
+        """The component's log as its node sees it (a private working copy, or a mount that
+        lags); None when the actor is gone, and the supervisor's copy is all there is."""
+        if self._actor is None:
+            return None
+        with contextlib.suppress(Exception):
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=POLL_TIMEOUT_S)
+        return None
 
     def _lose(self, exc: BaseException) -> None:
         self._actor = None

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +39,7 @@ from harness.file_lock import LockTimeoutError, file_lock
 from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
 from harness.provenance import file_digest, provenance
 from harness.signals import SignalLatch, forward_signals
+from harness.storage.trial_storage import SupervisorSync
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.mixture import make_train_mixture
 from harness.trial.launchers import Component, ComponentLauncher, LocalLauncher, open_launcher
@@ -223,13 +224,15 @@ def _run_trial(
     record = prepare_trial(cfg, spec, paths, steps, resume)
     run_id = run_id_for(cfg, spec)
     interrupted = SignalLatch()
+    sync = SupervisorSync.for_trial(paths.root, private_components=cfg.executor.kind == "ray")
+    _storage_step("upload the trial's inputs", sync.prepared, resume)
     with (
         open_launcher(cfg, interrupted) as launcher,  # before our handlers: Ray installs its own
         forward_signals(interrupted.set),
         redis_for_trial(cfg, paths, launcher.redis_host) as redis_url,
     ):
         _reset_run(redis_url, cfg, run_id, fresh=not resume)
-        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume, launcher)
+        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume, launcher, sync)
         outcome = _supervise(launch, interrupted)
     diverged, failed = outcome.status == TrialStatus.DIVERGED, outcome.status == TrialStatus.FAILED
     finished = {
@@ -241,7 +244,16 @@ def _run_trial(
         "finished_at": datetime.now(UTC).isoformat(),
     }
     write_trial_record(paths.root, record.model_copy(update=finished))
+    _storage_step("sync the finished trial", sync.finished)
     return outcome
+
+
+def _storage_step(what: str, step: Callable[..., None], *args: object) -> None:
+    """A sync with the bucket; an unreachable store fails the trial in one line (resumable)."""
+    try:
+        step(*args)
+    except OSError as exc:
+        raise TrialFailedError(f"cannot {what} (output_dir is a URI): {exc}") from None
 
 
 def _reset_run(redis_url: str, cfg: ExperimentConfig, run_id: str, fresh: bool) -> None:
@@ -271,13 +283,14 @@ class Launch:
     steps: int
     resume: bool
     launcher: ComponentLauncher = field(default_factory=LocalLauncher)  # where components run
+    sync: SupervisorSync = field(default_factory=SupervisorSync.none)  # output in a bucket
 
 
 def _supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     cfg, spec, paths, steps = launch.cfg, launch.spec, launch.paths, launch.steps
     redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
     config_path = paths.resolved_config
-    env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id}
+    env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id, **launch.sync.component_env()}
     learner_args = component_args("learner", config_path, spec, paths, steps)
     learner = launch.launcher.child("learner", learner_args + (["--resume"] if resume else []),
                     paths.component_log("learner"), env)  # fmt: skip
@@ -313,8 +326,10 @@ def _watch(
         if interrupted.caught:
             reason = "interrupted; resume with --resume"
             return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+        launch.sync.tick()
         code = learner.poll()
         if code is not None:
+            _storage_step("fetch the learner's outcome", launch.sync.learner_exited)
             return _learner_finished(code, learner, paths)
         for index, gen in enumerate(generators):
             gen_code = gen.poll()

@@ -1,0 +1,137 @@
+"""A directory tree under a pyarrow.fs URI: list, upload, download, delete. Nothing else.
+
+Why pyarrow.fs: it is already a dependency (Parquet), speaks S3, GCS, HDFS and local paths
+through one interface, and takes endpoint and credentials from the URI's query or the usual
+environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...), so nothing here is S3-specific.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit, urlunsplit
+
+import pyarrow.fs as pafs
+
+CHUNK_BYTES: Final = 8 << 20
+
+
+class StorageError(RuntimeError):
+    """The bucket (or other remote tree) cannot be opened, read or written; names it."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    size: int
+    mtime_ns: int
+
+
+def join_uri(uri: str, *parts: str) -> str:
+    """`uri` with path parts appended, its query (endpoint, region, ...) kept at the end."""
+    split = urlsplit(uri)
+    path = "/".join([split.path.rstrip("/"), *(p.strip("/") for p in parts if p)])
+    return urlunsplit(split._replace(path=path))
+
+
+def is_uri(value: str) -> bool:
+    """`scheme://...` (not a Windows drive letter, not a plain path)."""
+    scheme = urlsplit(value).scheme
+    return len(scheme) > 1 and "://" in value
+
+
+def redact(uri: str) -> str:
+    """The URI without credentials or query: safe for logs and error messages."""
+    split = urlsplit(uri)
+    host = split.hostname or ""
+    return urlunsplit((split.scheme, host, split.path, "", ""))
+
+
+class RemoteTree:
+    """Files under `base` on `fs`, addressed by '/'-separated paths relative to `base`."""
+
+    def __init__(self, fs: pafs.FileSystem, base: str, label: str) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+        self.label = label  # for messages: the redacted URI
+
+    @classmethod
+    def open(cls, uri: str) -> RemoteTree:
+        """The tree at `uri`; a bad scheme or unreachable store fails here, naming the URI."""
+        try:
+            fs, base = pafs.FileSystem.from_uri(uri)
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot open storage {redact(uri)}: {exc}") from None
+        return cls(fs, base, redact(uri))
+
+    def child(self, rel: str) -> RemoteTree:
+        return RemoteTree(self.fs, self._path(rel), f"{self.label.rstrip('/')}/{rel.strip('/')}")
+
+    def listing(self, prefix: str = "") -> dict[str, RemoteFile]:
+        """Every file at or under `prefix` (a file or a directory), by relative path."""
+        path = self._path(prefix)
+        info = self.fs.get_file_info(path)
+        if info.type == pafs.FileType.File:
+            return {prefix.strip("/"): RemoteFile(info.size, info.mtime_ns or 0)}
+        if info.type != pafs.FileType.Directory:
+            return {}
+        selector = pafs.FileSelector(path, recursive=True, allow_not_found=True)
+        found = {}
+        for entry in self.fs.get_file_info(selector):
+            if entry.type == pafs.FileType.File:
+                rel = entry.path[len(self.base) :].lstrip("/")
+                found[rel] = RemoteFile(entry.size, entry.mtime_ns or 0)
+        return found
+
+    def exists(self, rel: str) -> bool:
+        return self.fs.get_file_info(self._path(rel)).type == pafs.FileType.File
+
+    def upload(self, local: Path, rel: str) -> None:
+        """Copy one local file to `rel` (an object store makes it visible whole, or not)."""
+        target = self._path(rel)
+        self._make_parent(target)
+        with local.open("rb") as source, self.fs.open_output_stream(target) as sink:
+            shutil.copyfileobj(source, sink, CHUNK_BYTES)
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        target = self._path(rel)
+        self._make_parent(target)
+        with self.fs.open_output_stream(target) as sink:
+            sink.write(data)
+
+    def download(self, rel: str, local: Path, mtime_ns: int | None = None) -> None:
+        """Copy `rel` to `local` atomically (temporary name, then rename); its mtime is set to
+        `mtime_ns`, the remote one, so a later comparison of (size, mtime) sees them in sync."""
+        local.parent.mkdir(parents=True, exist_ok=True)
+        staging = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.part")
+        try:
+            with self.fs.open_input_stream(self._path(rel)) as source, staging.open("wb") as sink:
+                shutil.copyfileobj(source, sink, CHUNK_BYTES)
+            if mtime_ns is not None:
+                os.utime(staging, ns=(mtime_ns, mtime_ns))
+            staging.replace(local)
+        finally:
+            staging.unlink(missing_ok=True)
+
+    def delete(self, rel: str) -> None:
+        """Delete one file; an absent one is not an error (two deleters may race)."""
+        try:
+            self.fs.delete_file(self._path(rel))
+        except FileNotFoundError:
+            return
+
+    def delete_tree(self, prefix: str) -> None:
+        for rel in self.listing(prefix):
+            self.delete(rel)
+
+    def _path(self, rel: str) -> str:
+        rel = rel.strip("/")
+        return f"{self.base}/{rel}" if rel else self.base
+
+    def _make_parent(self, target: str) -> None:
+        # Object stores have no directories; a local or HDFS tree needs them created.
+        if self.fs.type_name not in ("s3", "gcs"):
+            self.fs.create_dir(target.rsplit("/", 1)[0], recursive=True)
