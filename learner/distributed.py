@@ -75,6 +75,12 @@ def init_distributed(device: str) -> DistContext:
     return ctx
 
 
+def barrier(ctx: DistContext) -> None:
+    """Every rank waits here (no-op single-process): e.g. for rank 0's files to be in place."""
+    if ctx.world_size > 1:
+        torch_dist.barrier()
+
+
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group once every rank got here (no rank exits mid-collective)."""
     if ctx.world_size > 1 and torch_dist.is_initialized():

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.s3 import S3Server, start_s3_server
+
 
 @dataclass(frozen=True)
 class RedisInstance:
@@ -113,3 +115,23 @@ def _no_mlflow_store_in_the_repository() -> Iterator[None]:
         f"tests created {created} in {repo}: give every MlflowClient / harness run an explicit "
         "tracking URI or output dir under tmp_path"
     )
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One moto S3 server for the session; tests isolate themselves with `s3_uri` buckets."""
+    server = start_s3_server(tmp_path_factory.mktemp("s3") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.process.terminate()
+        try:
+            server.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.process.kill()
+
+
+@pytest.fixture
+def s3_uri(s3_server: S3Server) -> str:
+    """`s3://.../exp?endpoint_override=...` in a fresh bucket of its own."""
+    return s3_server.new_bucket()

@@ -47,7 +47,9 @@ class Mirror:
             for rel, stat in local.items():
                 if self._synced.get(rel) == stat:
                     continue
-                if _same(stat, remote.get(rel)):  # a pulled file, or pushed by an earlier process
+                # Pulled earlier (its mtime is the remote's). A file an earlier process pushed
+                # is uploaded once more: the remote mtime is the upload's, not the file's.
+                if _same(stat, remote.get(rel)):
                     self._synced[rel] = stat
                     continue
                 changed.append((stat[1], rel, stat))
@@ -81,7 +83,7 @@ class Mirror:
             remote = self.remote.listing(prefix)
             local = self._local_files(prefix)
             for rel, info in sorted(remote.items()):
-                if _hidden(rel) or skipped.intersection(rel.split("/")[:-1]):
+                if _hidden(rel) or _inside(rel, skipped):
                     continue
                 stat = local.get(rel)
                 if stat is not None and (_same(stat, info) or not overwrite):
@@ -92,11 +94,15 @@ class Mirror:
                 downloaded.append(rel)
             if delete:
                 for rel in set(local) - set(remote):
+                    if _inside(rel, skipped):
+                        continue
                     (self.local_root / rel).unlink(missing_ok=True)
                     self._synced.pop(rel, None)
         return downloaded
 
     def _local_files(self, prefix: str) -> dict[str, Stat]:
+        if _hidden(prefix.strip("/")):  # `.harness.lock`, `.tmp-step-000004/`
+            return {}
         start = self.local_root / prefix.strip("/") if prefix.strip("/") else self.local_root
         if start.is_file():
             rel = prefix.strip("/")
@@ -114,6 +120,11 @@ class Mirror:
                 except FileNotFoundError:  # removed while we walked
                     continue
         return found
+
+
+def _inside(rel: str, dirs: set[str]) -> bool:
+    """`rel` lies in a directory (at any depth) whose name is in `dirs`."""
+    return bool(dirs.intersection(rel.split("/")[:-1]))
 
 
 def _stat(path: Path) -> Stat:

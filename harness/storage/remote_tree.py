@@ -46,7 +46,7 @@ def is_uri(value: str) -> bool:
 def redact(uri: str) -> str:
     """The URI without credentials or query: safe for logs and error messages."""
     split = urlsplit(uri)
-    host = split.hostname or ""
+    host = split.netloc.rpartition("@")[2]  # host[:port], without user:password
     return urlunsplit((split.scheme, host, split.path, "", ""))
 
 
@@ -64,7 +64,8 @@ class RemoteTree:
         try:
             fs, base = pafs.FileSystem.from_uri(uri)
         except (OSError, ValueError) as exc:
-            raise StorageError(f"cannot open storage {redact(uri)}: {exc}") from None
+            reason = str(exc).replace(uri, redact(uri))  # pyarrow echoes the credentials
+            raise StorageError(f"cannot open storage {redact(uri)}: {reason}") from None
         return cls(fs, base, redact(uri))
 
     def child(self, rel: str) -> RemoteTree:

@@ -8,8 +8,9 @@ Ownership decides direction, so no file ever has two writers:
     each component       logs/<component>.log (pushed by its host)
 
 With the Ray executor every component keeps a private working copy on its node
-(`<scratch>/<key>/components/<trial>/<component>`; private even on one machine, so nothing can
-lean on a shared path), pulls the supervisor's files before it starts, and pushes what it owns.
+(`<scratch>/<key>/components/<trial>/<component>@<node>`; private even on one machine, so
+nothing can lean on a shared path), pulls the supervisor's files before it starts, and pushes
+what it owns.
 The learner uploads its checkpoint *before* it acknowledges the checkpoint's groups in Redis
 (`UploadBeforeAck`): a resume on another node must find in the bucket the checkpoint that
 matches what Redis let go of. The supervisor pulls the learner's progress to show it and to
@@ -91,8 +92,10 @@ class Storage:
     def driver_dir(self) -> Path:
         return self.scratch / self.key / "driver"
 
-    def component_dir(self, trial: str, component: str) -> Path:
-        return self.scratch / self.key / "components" / trial / component
+    def component_dir(self, trial: str, component: str, node: str) -> Path:
+        """Per node as well: a component retried on another node starts from the bucket, as
+        it would on a separate machine, even when several nodes share one disk."""
+        return self.scratch / self.key / "components" / trial / f"{component}@{node}"
 
     def tree(self) -> RemoteTree:
         return RemoteTree.open(self.uri)

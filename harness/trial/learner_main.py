@@ -32,7 +32,7 @@ from harness.storage.trial_storage import (
     UploadBeforeAck,
 )
 from learner.checkpoint import CheckpointStore
-from learner.distributed import init_distributed, shutdown
+from learner.distributed import barrier, init_distributed, shutdown
 from learner.loop import LearnerOutcome, LearnerTask, run_learner
 
 
@@ -165,6 +165,7 @@ def run_learner_component(
     sync = TrialSync.for_component(paths.root) if dist.is_main else None
     if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
         sync.pull(LEARNER_FILES)
+    barrier(dist)  # every rank loads the checkpoint that rank 0 has just fetched
     on_step = _fault_injection() if dist.is_main else None
     with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
         owned.enter_context(redis_failures_as_one_line(redis_url))  # exits last: sees all

@@ -78,7 +78,8 @@ class ComponentHost:
         self._sync: TrialSync | None = None
         if storage is not None:
             driver_root = str(Path(log_path).parent.parent)
-            local = storage.component_dir(env[ENV_TRIAL], name)
+            node = ray.get_runtime_context().get_node_id()[:12]
+            local = storage.component_dir(env[ENV_TRIAL], name, node)
             args = [_rebase(arg, driver_root, str(local)) for arg in args]
             log_path = str(TrialPaths(local).component_log(name))
             self._sync = TrialSync(storage, env[ENV_TRIAL], local)

@@ -30,8 +30,10 @@ from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from harness.config import load_config, load_config_data
 from harness.experiment.run import run_experiment
+from harness.storage.remote_tree import RemoteTree
 from learner.metrics_log import MetricsLog
 from tests.harness.trial_helpers import REPO, SMALL, assert_same_metrics, process_alive
+from tests.s3 import S3Server
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +68,7 @@ def _write_config(path: Path, overrides: list[str], executor: dict[str, Any] | N
     return path
 
 
-def _run(config: Path, out: Path, steps: int, max_parallel: int = 1) -> Any:
+def _run(config: Path, out: Path | str, steps: int, max_parallel: int = 1) -> Any:
     cfg = load_config(config)
     return run_experiment(cfg, config, out, (), max_parallel, steps, report=False)
 
@@ -102,8 +104,11 @@ def _assert_all_gone(procs: list[psutil.Process], timeout_s: float = 30.0) -> No
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+def cluster(s3_server: S3Server) -> Iterator[Cluster]:
     """Head (2 CPUs, `node_head`) + worker (2 CPUs, `node_worker`); fast node-death detection.
+
+    The S3 server (session-wide, for the bucket tests) starts first, so the scan below does not
+    take it for a process of this cluster.
 
     Token authentication as Ray enables it for new clusters, with a token of this module only;
     the trials' subprocesses inherit it. On teardown every process started below this one since
@@ -216,6 +221,64 @@ def test_ctrl_c_tears_down_a_local_ray_instance(tmp_path: Path) -> None:
     assert record.status == "failed" and record.failure_reason.startswith("interrupted")
 
 
+def _bucket_executor(cluster: Cluster, scratch: Path, **extra: Any) -> dict[str, Any]:
+    return {
+        "kind": "ray",
+        "address": cluster.address,
+        "scratch_dir": str(scratch),
+        "sync_interval_s": 0.5,
+        **extra,
+    }
+
+
+def test_ray_with_a_bucket_keeps_each_component_in_its_own_working_copy(
+    tmp_path: Path, cluster: Cluster, s3_uri: str
+) -> None:
+    """Output in a bucket: learner (head) and generator (worker) each work in a private copy,
+    nothing passes through the driver's disk but what the driver owns, and the metrics equal
+    a local run's. The generator loads every version it uses from the bucket."""
+    local = _write_config(tmp_path / "local.yaml", [*BASE, *ONE_TRIAL])
+    scratch = tmp_path / "scratch"
+    on_ray = _write_config(
+        tmp_path / "ray.yaml",
+        [*BASE, *ONE_TRIAL],
+        executor=_bucket_executor(
+            cluster,
+            scratch,
+            learner={"cpus": 0.5, "resources": {"node_head": 0.01}},
+            generator={"cpus": 0.5, "resources": {"node_worker": 0.01}},
+        ),
+    )
+    first = _run(local, tmp_path / "local", STEPS)
+    second = _run(on_ray, s3_uri, STEPS)
+    assert first.exit_code == 0 and second.exit_code == 0
+    name = first.trials[0].spec.trial_name
+    driver_copy = second.out_dir / "trials" / name
+    assert_same_metrics(tmp_path / "local/trials" / name, driver_copy)
+    assert not (driver_copy / "checkpoints").exists() and not (driver_copy / "weights").exists()
+    assert (driver_copy / "logs/generator-0.log").is_file()  # pulled at the end
+
+    head, worker = cluster.head_node.node_id, next(iter(cluster.worker_nodes)).node_id
+    copies = driver_copy.parents[2] / "components" / name
+    assert sorted(p.name for p in copies.iterdir()) == [
+        f"generator-0@{worker[:12]}",
+        f"learner@{head[:12]}",
+    ]
+    learner_copy, generator_copy = (
+        copies / f"learner@{head[:12]}",
+        copies / f"generator-0@{worker[:12]}",
+    )
+    assert (learner_copy / "checkpoints/latest.json").is_file()
+    assert not (generator_copy / "metrics.parquet").exists()
+    fetched = sorted(p.name for p in (generator_copy / "weights").iterdir())
+    assert fetched and fetched[-1] == f"v{STEPS - 1:06d}"  # lag 0: the last batch used v(n-1)
+
+    bucket = RemoteTree.open(s3_uri).child(f"trials/{name}")
+    files = bucket.listing()
+    assert f"weights/v{STEPS:06d}/_COMPLETE" in files
+    assert "checkpoints/latest.json" in files and "logs/generator-0.log" in files
+
+
 def _kill_node(cluster: Cluster, node: Any) -> None:
     """What a machine dying does: SIGKILL its Ray services and everything below them (workers
     and the components they run) at once, then take the node out of the cluster's books."""
@@ -231,25 +294,53 @@ def _kill_node(cluster: Cluster, node: Any) -> None:
     cluster.remove_node(node, allow_graceful=False)
 
 
-def test_losing_a_node_retries_the_trial_which_resumes(tmp_path: Path, cluster: Cluster) -> None:
+def _worker(cluster: Cluster) -> Any:
+    """The worker node, started again if an earlier test killed it."""
+    if not cluster.worker_nodes:
+        cluster.add_node(num_cpus=2, resources={"node_worker": 1})
+        cluster.wait_for_nodes()
+    return next(iter(cluster.worker_nodes))
+
+
+@pytest.mark.parametrize("storage", ["shared path", "bucket"])
+def test_losing_a_node_retries_the_trial_which_resumes(
+    tmp_path: Path, cluster: Cluster, storage: str, request: pytest.FixtureRequest
+) -> None:
     """Learner on the worker node (SPREAD, generator pinned to the head); the worker dies after
     step 3: the trial fails with `node lost`, the executor starts it again on the head alone,
-    and it resumes from its last checkpoint; every group is trained exactly once."""
+    and it resumes from its last checkpoint; every group is trained exactly once. With a
+    bucket the retried learner starts from an empty working copy: what it resumes from came
+    through the bucket."""
     steps = 12  # the kill lands after step 3, well before the end
-    config = _write_config(
-        tmp_path / "exp.yaml",
-        [*BASE, *ONE_TRIAL],
-        executor={
+    scratch = tmp_path / "scratch"
+    executor = (
+        _bucket_executor(cluster, scratch)
+        if storage == "bucket"
+        else {
             "kind": "ray",
             "address": cluster.address,
-            "placement_strategy": "SPREAD",
-            "learner": {"cpus": 1},
-            "generator": {"cpus": 1, "resources": {"node_head": 0.01}},
-            "max_trial_retries": 1,
-        },
+        }
     )
-    worker = next(iter(cluster.worker_nodes))
+    executor |= {
+        "placement_strategy": "SPREAD",
+        "learner": {"cpus": 1},
+        "generator": {"cpus": 1, "resources": {"node_head": 0.01}},
+        "max_trial_retries": 1,
+    }
+    config = _write_config(tmp_path / "exp.yaml", [*BASE, *ONE_TRIAL], executor=executor)
+    worker = _worker(cluster)
+    head = cluster.head_node
+    out: Path | str = tmp_path / "exp"
     trial_dir = tmp_path / "exp/trials/gspo__seed0__lag0__fixed"
+    # where the learner on node N keeps its files: the trial dir, or its own working copy
+    learner_dir = {worker.node_id: trial_dir, head.node_id: trial_dir}
+    if storage == "bucket":
+        out = request.getfixturevalue("s3_uri")
+        from harness.storage.trial_storage import Storage
+
+        trial_dir = Storage(out, scratch).driver_dir() / "trials/gspo__seed0__lag0__fixed"
+        copies = trial_dir.parents[2] / "components" / trial_dir.name
+        learner_dir = {n: copies / f"learner@{n[:12]}" for n in (worker.node_id, head.node_id)}
     killed_at: list[float] = []
     placed_before: list[dict[str, list[str]]] = []
     learner_pid: list[int] = []
@@ -260,7 +351,8 @@ def test_losing_a_node_retries_the_trial_which_resumes(tmp_path: Path, cluster: 
         while time.monotonic() < deadline:
             if log.root.exists() and 3 in log.steps():
                 placed_before.append(_placements(trial_dir))
-                learner_pid.append(int((trial_dir / "logs/learner.pid").read_text()))
+                pid_file = learner_dir[worker.node_id] / "logs/learner.pid"
+                learner_pid.append(int(pid_file.read_text()))
                 killed_at.append(time.time())
                 _kill_node(cluster, worker)
                 return
@@ -268,7 +360,7 @@ def test_losing_a_node_retries_the_trial_which_resumes(tmp_path: Path, cluster: 
 
     killer = threading.Thread(target=kill_worker_after_step_3, daemon=True)
     killer.start()
-    result = _run(config, tmp_path / "exp", steps)
+    result = _run(config, out, steps)
     killer.join(timeout=5)
     assert killed_at, "the worker node was never killed"
     assert placed_before[0]["learner"] == [worker.node_id]  # SPREAD put it on the worker
@@ -279,14 +371,19 @@ def test_losing_a_node_retries_the_trial_which_resumes(tmp_path: Path, cluster: 
     trial_log = TrialPaths(trial_dir).trial_log.read_text()
     assert "learner failed: node lost" in trial_log
     assert "a Ray node was lost; retry 1 of 1, resuming" in trial_log
-    assert _placements(trial_dir)["learner"] == [worker.node_id, cluster.head_node.node_id]
+    assert _placements(trial_dir)["learner"] == [worker.node_id, head.node_id]
     ledger = sorted(TrialPaths(trial_dir).trained_groups.glob("step-*.json"))
     groups = [g["group_id"] for path in ledger for g in json.loads(path.read_text())]
     assert len(groups) == len(set(groups)) == steps * 4  # learner.prompts_per_step=4
     # Resumed from a checkpoint: the first attempt's ledger up to its last checkpoint (step 2,
     # or 4 if it got there before dying) was kept, every later step retrained by the retry
-    # (whose learner.pid is newer than the kill).
-    retried_at = (trial_dir / "logs/learner.pid").stat().st_mtime
+    # (whose learner.pid is newer than the kill). The retry's own copy of the ledger tells.
+    retry_dir = learner_dir[head.node_id]
+    retried_at = (retry_dir / "logs/learner.pid").stat().st_mtime
     assert retried_at > killed_at[0]
-    kept = [p.name for p in ledger if p.stat().st_mtime < retried_at]
+    retry_ledger = sorted(TrialPaths(retry_dir).trained_groups.glob("step-*.json"))
+    kept = [p.name for p in retry_ledger if p.stat().st_mtime < retried_at]
     assert kept in ([f"step-{k:06d}.json" for k in range(1, last + 1)] for last in (2, 4))
+    if storage == "bucket":
+        bucket = RemoteTree.open(str(out)).child(f"trials/{trial_dir.name}")
+        assert len(bucket.listing("trained_groups")) == steps
