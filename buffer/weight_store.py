@@ -173,8 +173,8 @@ def _copy_config_files(source: Path, target: Path) -> None:
     if not source.is_dir():
         raise FileNotFoundError(f"config_dir {source} is not a directory (the base model dir)")
     for entry in source.iterdir():
-        if not entry.is_file() or entry.name in _WEIGHT_INDEXES:
-            continue
+        if not entry.is_file() or entry.name in _WEIGHT_INDEXES or entry.name.startswith("."):
+            continue  # hidden: caches and temporaries of the model dir, not part of a version
         if entry.name.endswith(_WEIGHT_SUFFIXES):
             continue
         shutil.copyfile(entry, target / entry.name)

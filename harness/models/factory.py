@@ -239,7 +239,9 @@ def _build_cached(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:
     cache_dir.mkdir(parents=True, exist_ok=True)
     key = builtin_cache_key(model_cfg, task_cfg)
     final = cache_dir / key
-    building = "another process building this model (or hung): stop it, or delete the lock file"
+    # An fcntl lock dies with its holder, so deleting the file would not free it (and would
+    # let a second builder in): the holder is a live process, find it (`fuser <lock>`).
+    building = "another live process building this model (find it with `fuser` on the lock)"
     with file_lock(cache_dir / f"{key}.lock", LOCK_TIMEOUT_S, building):
         if final.is_dir():  # renamed into place only when complete
             return final
@@ -292,13 +294,41 @@ def load_policy(
     return model.to(device)
 
 
+DIGEST_CACHE = ".weights_digest.json"  # hidden: never copied into weight versions or synced
+
+
 def weights_digest(model_dir: Path | str) -> str:
-    """sha256 over the safetensors files (names and bytes, sorted): equal digests, equal weights."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
+    """sha256 over the safetensors files (names and bytes, sorted): equal digests, equal weights.
+
+    The supervisor, the learner and every generator (at each restart) check a model by its
+    digest; hashing 15 GB takes about 10 s, so the digest is cached beside the files, keyed by
+    each file's name, size, mtime and inode (the rule `make` and rsync trust; a copy or an
+    in-place rewrite changes one of them). A read-only model dir just goes uncached.
+    """
+    root = Path(model_dir)
+    files = sorted(root.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
+    stats = [[p.name, st.st_size, st.st_mtime_ns, st.st_ino] for p in files if (st := p.stat())]
+    cache = root / DIGEST_CACHE
+    try:
+        cached = json.loads(cache.read_text())
+        if cached.get("files") == stats:
+            return str(cached["digest"])
+    except (OSError, ValueError, AttributeError):
+        pass
     digest = hashlib.sha256()
     for path in files:
         digest.update(path.name.encode() + b"\x00")
         digest.update(bytes.fromhex(file_digest(path)))
+    _write_digest_cache(cache, {"files": stats, "digest": digest.hexdigest()})
     return digest.hexdigest()
+
+
+def _write_digest_cache(cache: Path, entry: dict[str, Any]) -> None:
+    staging = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+    try:
+        staging.write_text(json.dumps(entry))
+        staging.replace(cache)  # atomic: concurrent components read the old entry or the new
+    except OSError:  # read-only model dir (a shared mount): hash every time
+        staging.unlink(missing_ok=True)

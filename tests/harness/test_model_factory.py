@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
+from buffer.weight_store import WeightStore
 from harness.config import ModelConfig, TaskConfig
 from harness.models import factory as model_factory
 from harness.models.factory import (
     ARCHITECTURES,
+    DIGEST_CACHE,
     build_model_dir,
     builtin_cache_key,
     load_policy,
@@ -204,3 +209,33 @@ def test_batched_greedy_equals_one_by_one(tmp_path: Path) -> None:
     assert default_batch.pass_rate == result.pass_rate  # batch size changes nothing
     perfect = greedy_eval(model, tokenizer, lambda r, t: (1.0, {}), eval_prompts, max_new_tokens=4)
     assert perfect.pass_rate == 1.0 and perfect.reward_mean == 1.0
+
+
+def test_the_weights_digest_is_cached_beside_the_files_and_follows_them(tmp_path: Path) -> None:
+    """Every component start hashes the model; the cache makes that one hash per model. It is
+    keyed by size, mtime and inode: a rewrite is seen, a rewrite that forges size and mtime is
+    what it cannot see (so the test uses one to prove the cache is what answered)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    weights = model / "model.safetensors"
+    save_file({"w": torch.arange(6, dtype=torch.float32)}, str(weights))
+    first = weights_digest(model)
+    assert (model / DIGEST_CACHE).is_file()
+    stat = weights.stat()
+    forged = bytearray(weights.read_bytes())
+    forged[-1] ^= 1  # same size
+    weights.write_bytes(bytes(forged))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same mtime, same inode
+    assert weights_digest(model) == first  # answered by the cache
+    os.utime(weights)  # an ordinary rewrite moves the mtime: hashed again
+    assert weights_digest(model) != first
+
+    blocked = tmp_path / "blocked"  # a cache that cannot be written (read-only mount; as
+    shutil.copytree(model, blocked)  # root, chmod would not stop us): hashed every time
+    (blocked / DIGEST_CACHE).unlink()
+    (blocked / DIGEST_CACHE).mkdir()
+    assert weights_digest(blocked) == weights_digest(blocked) == weights_digest(model)
+    assert not list(blocked.glob("*.tmp"))
+
+    version = WeightStore(tmp_path / "store").write(1, {"w": torch.ones(2)}, config_dir=model)
+    assert not (Path(version) / DIGEST_CACHE).exists()  # never copied into a weight version
