@@ -8,6 +8,8 @@ command needs one `except ConfigError`.
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -130,8 +132,6 @@ def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> Tria
 
 
 def _redis_env() -> tuple[str, str]:
-    import os
-
     url, run_id = os.environ.get("HARNESS_REDIS_URL", ""), os.environ.get("HARNESS_RUN_ID", "")
     if not url or not run_id:
         raise fail(
@@ -169,8 +169,16 @@ def trial(
     )
     if outcome.reason:  # not wrapped: a one-line reason stays one line for grep and logs
         console.print(escape(outcome.reason), highlight=False, soft_wrap=True)
-    if outcome.status == "failed":
-        raise typer.Exit(1)
+    code = 1 if outcome.status == "failed" else 0
+    if cfg.executor.kind == "ray":
+        from harness.trial.ray_components import ray_abandoned
+
+        if ray_abandoned():  # Ray's exit hooks would wait a minute for a dead GCS
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command()
@@ -217,7 +225,6 @@ def generator(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one rollout generator against $HARNESS_REDIS_URL / $HARNESS_RUN_ID until done."""
-    import os
     import socket
 
     from harness.trial.generator_main import GeneratorFatalError, run_generator_component
@@ -319,8 +326,6 @@ def report(
     ] = None,
 ) -> None:
     """Rebuild the statistical report from an output dir or from MLflow."""
-    import os
-
     from analysis import build_report, build_report_from_mlflow
 
     path = Path(source)

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import sys
+import threading
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,6 +42,8 @@ from harness.trial.supervisor import TrialFailedError
 NAMESPACE = "gspo-harness"
 POLL_TIMEOUT_S = 10.0  # one poll of a busy node; a timeout reads as "still running"
 RESERVE_CHECK_S = 1.0  # how often a trial waiting for its placement group checks for Ctrl-C
+TEARDOWN_S = 15.0  # leaving Ray takes well under a second while its GCS answers
+_ABANDONED = False
 
 
 def connect(address: str | None) -> None:
@@ -234,6 +237,18 @@ class RayChild:
         print(f"{self.name}: {self.lost}", flush=True)
 
 
+def _leave_ray(group: PlacementGroup | None) -> None:
+    if group is not None:
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
+    ray.shutdown()
+
+
+def ray_abandoned() -> bool:
+    """A RayLauncher gave up on Ray's teardown: exit with os._exit, not through Ray's hooks."""
+    return _ABANDONED
+
+
 class RayLauncher:
     """Connect to Ray for one trial, reserve its placement group, make its component actors."""
 
@@ -265,11 +280,22 @@ class RayLauncher:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._group is not None:
-            with contextlib.suppress(Exception):
-                remove_placement_group(self._group)
-            self._group = None
-        ray.shutdown()
+        """Give back the placement group and leave Ray, waiting at most TEARDOWN_S for it.
+
+        Both are calls to the GCS. When it is gone (a private Ray instance dies with a killed
+        `harness run`), Ray retries until it ends the process itself a minute later; the trial
+        is recorded by then, so the supervisor stops waiting and says so, and the trial command
+        exits without Ray's own exit hooks (`ray_abandoned`).
+        """
+        group, self._group = self._group, None
+        teardown = threading.Thread(target=_leave_ray, args=(group,), daemon=True)
+        teardown.start()
+        teardown.join(TEARDOWN_S)
+        if teardown.is_alive():
+            global _ABANDONED  # noqa: PLW0603 - one process, one Ray connection
+            _ABANDONED = True
+            print(f"Ray did not answer within {TEARDOWN_S:g} s (its GCS is gone?); "
+                  "leaving without Ray's teardown", flush=True)  # fmt: skip
 
     def child(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> RayChild:
         return RayChild(self, name, args, log_path, env)

@@ -226,16 +226,28 @@ def _run_trial(
     interrupted = SignalLatch()
     sync = SupervisorSync.for_trial(paths.root, private_components=cfg.executor.kind == "ray")
     _storage_step("upload the trial's inputs", sync.prepared, resume)
-    with (
-        open_launcher(cfg, interrupted) as launcher,  # before our handlers: Ray installs its own
-        forward_signals(interrupted.set),
-        redis_for_trial(cfg, paths, launcher.redis_host) as redis_url,
-    ):
-        _reset_run(redis_url, cfg, run_id, fresh=not resume)
-        launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume, launcher, sync)
-        outcome = _supervise(launch, interrupted)
+    with open_launcher(cfg, interrupted) as launcher:  # before our handlers: Ray installs its own
+        with (
+            forward_signals(interrupted.set),
+            redis_for_trial(cfg, paths, launcher.redis_host) as redis_url,
+        ):
+            _reset_run(redis_url, cfg, run_id, fresh=not resume)
+            launch = Launch(cfg, spec, paths, redis_url, run_id, steps, resume, launcher, sync)
+            outcome = _supervise(launch, interrupted)
+        # Recorded (and synced, Redis' AOF complete) before the launcher lets go of Ray: a
+        # private Ray instance dies with a killed `harness run`, and Ray's teardown then waits
+        # for its GCS until Ray ends this process (60 s); the record must not wait for that.
+        write_trial_record(paths.root, record.model_copy(update=_finished_fields(outcome)))
+        try:
+            sync.finished()
+        except OSError as exc:  # the outcome stands; `harness run` pushes the record again
+            print(f"warning: cannot sync the finished trial to the bucket: {exc}", flush=True)
+    return outcome
+
+
+def _finished_fields(outcome: TrialOutcome) -> dict[str, object]:
     diverged, failed = outcome.status == TrialStatus.DIVERGED, outcome.status == TrialStatus.FAILED
-    finished = {
+    return {
         "status": outcome.status,
         "steps_completed": outcome.steps_completed,
         "diverged": diverged,
@@ -243,9 +255,6 @@ def _run_trial(
         "failure_reason": outcome.reason if failed else None,
         "finished_at": datetime.now(UTC).isoformat(),
     }
-    write_trial_record(paths.root, record.model_copy(update=finished))
-    _storage_step("sync the finished trial", sync.finished)
-    return outcome
 
 
 def _storage_step(what: str, step: Callable[..., None], *args: object) -> None:

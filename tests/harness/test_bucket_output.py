@@ -21,19 +21,14 @@ from harness.experiment.run import run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
-from tests.harness.trial_helpers import REPO, SMALL, assert_same_metrics
+from tests.harness.trial_helpers import REPO, SMALL_FIXED, assert_same_metrics
 
 pytestmark = pytest.mark.slow
 
 STEPS = 4  # two checkpoints (learner.checkpoint_every=2)
 TRIAL = "gspo__seed0__lag0__fixed"
 BASE = [
-    *SMALL,
-    "generation.backend=torch",
-    "generation.num_generators=1",
-    "staleness.lags=[0]",
-    "staleness.mode=fixed",
-    "tracking.enabled=false",
+    *SMALL_FIXED,
     "arms=[{name: gspo, objective: gspo}]",
     "seeds=[0]",
 ]

@@ -31,21 +31,15 @@ from contract.record import read_trial_record
 from harness.config import load_config, load_config_data
 from harness.experiment.run import run_experiment
 from harness.storage.remote_tree import RemoteTree
+from harness.storage.trial_storage import Storage
 from learner.metrics_log import MetricsLog
-from tests.harness.trial_helpers import REPO, SMALL, assert_same_metrics, process_alive
+from tests.harness.trial_helpers import REPO, SMALL_FIXED, assert_same_metrics, process_alive
 from tests.s3 import S3Server
 
 pytestmark = pytest.mark.slow
 
 STEPS = 2
-BASE = [
-    *SMALL,
-    "generation.backend=torch",
-    "generation.num_generators=1",
-    "staleness.lags=[0]",
-    "staleness.mode=fixed",
-    "tracking.enabled=false",
-]
+BASE = SMALL_FIXED
 ONE_TRIAL = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0]", "max_parallel=1"]
 TWO_BY_TWO = ["arms=[{name: gspo, objective: gspo}, {name: grpo, objective: grpo}]", "seeds=[0, 1]"]
 # Ray's process names: node services, and workers (renamed `ray::<actor>` once busy).
@@ -191,6 +185,16 @@ def _cmdlines(procs: list[psutil.Process]) -> str:
     return "\n".join(text)
 
 
+def _wait_for_step(process: subprocess.Popen, trial_dir: Path, step: int) -> None:
+    """Until `harness run` (still running) has logged `step` in `trial_dir`."""
+    log = MetricsLog(trial_dir)
+    deadline = time.monotonic() + 240
+    while not (log.root.exists() and step in log.steps()):
+        assert process.poll() is None, f"harness run exited early with {process.returncode}"
+        assert time.monotonic() < deadline, f"the trial did not reach step {step}"
+        time.sleep(0.2)
+
+
 def test_ctrl_c_tears_down_a_local_ray_instance(tmp_path: Path) -> None:
     """`harness run --executor ray` with no address starts its own Ray; SIGINT mid-trial stops
     the trial, its actors and components, its Redis and the whole Ray instance."""
@@ -203,12 +207,7 @@ def test_ctrl_c_tears_down_a_local_ray_instance(tmp_path: Path) -> None:
         argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     trial_dir = out / "trials" / "gspo__seed0__lag0__fixed"
-    log = MetricsLog(trial_dir)
-    deadline = time.monotonic() + 240
-    while not (log.root.exists() and 1 in log.steps()):
-        assert process.poll() is None, f"harness run exited early with {process.returncode}"
-        assert time.monotonic() < deadline, "the trial did not reach step 1"
-        time.sleep(0.2)
+    _wait_for_step(process, trial_dir, 1)
     tree = _descendants(process.pid)
     seen = _cmdlines(tree)
     for expected in ("raylet", "gcs_server", "redis-server", "harness.cli learner"):
@@ -219,6 +218,57 @@ def test_ctrl_c_tears_down_a_local_ray_instance(tmp_path: Path) -> None:
     _assert_all_gone(tree)
     record = read_trial_record(trial_dir)  # as a local interrupted trial: the next launch resumes
     assert record.status == "failed" and record.failure_reason.startswith("interrupted")
+
+
+def test_a_sigkilled_run_with_its_own_ray_records_the_trial_and_resumes_from_the_bucket(
+    tmp_path: Path, s3_server: S3Server
+) -> None:
+    """`harness run` with a private Ray instance and a bucket, SIGKILLed mid-trial: Ray's
+    instance dies with it, the trial runner still records `interrupted`, uploads its Redis data
+    and exits within seconds (not after Ray's one-minute GCS timeout), and nothing survives. A
+    launch on another machine (an empty scratch dir) resumes from the bucket alone."""
+    uri = s3_server.new_bucket()
+    config = _write_config(tmp_path / "exp.yaml", [*BASE, *ONE_TRIAL])
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    argv = [sys.executable, "-m", "harness.cli", "run", str(config), "--out", uri, "--steps", "8"]
+    argv += ["--executor", "ray", "executor.sync_interval_s=0.5"]
+    first = subprocess.Popen(
+        [*argv, f"executor.scratch_dir={tmp_path / 'a'}"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    trial_dir = Storage(uri, tmp_path / "a").driver_dir() / "trials/gspo__seed0__lag0__fixed"
+    _wait_for_step(first, trial_dir, 2)
+    tree = _descendants(first.pid)
+    ours = [p for p in tree if not _is_ray(p)]  # trial runner, components, Redis
+    assert "harness.cli trial" in _cmdlines(ours)
+    first.kill()
+    first.wait()
+    _assert_all_gone(ours, timeout_s=40)  # the runner gives Ray's teardown 15 s
+    _assert_all_gone(tree, timeout_s=90)  # Ray's orphans end on Ray's own GCS timeout (60 s)
+    record = read_trial_record(trial_dir)
+    assert record.status == "failed" and record.failure_reason.startswith("interrupted")
+    bucket = RemoteTree.open(uri).child(f"trials/{trial_dir.name}")
+    assert any(rel.startswith("redis/appendonlydir/") for rel in bucket.listing("redis"))
+
+    again = subprocess.run(
+        [*argv, f"executor.scratch_dir={tmp_path / 'b'}"],
+        check=False,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    resumed = Storage(uri, tmp_path / "b").driver_dir() / "trials" / trial_dir.name
+    record = read_trial_record(resumed)
+    assert record.status == "completed" and record.resumed and record.steps_completed == 8
+    ledger = sorted(TrialPaths(resumed).trained_groups.glob("step-*.json"))
+    groups = [g["group_id"] for path in ledger for g in json.loads(path.read_text())]
+    assert len(groups) == len(set(groups)) == 8 * 4
 
 
 def _bucket_executor(cluster: Cluster, scratch: Path, **extra: Any) -> dict[str, Any]:
@@ -336,8 +386,6 @@ def test_losing_a_node_retries_the_trial_which_resumes(
     learner_dir = {worker.node_id: trial_dir, head.node_id: trial_dir}
     if storage == "bucket":
         out = request.getfixturevalue("s3_uri")
-        from harness.storage.trial_storage import Storage
-
         trial_dir = Storage(out, scratch).driver_dir() / "trials/gspo__seed0__lag0__fixed"
         copies = trial_dir.parents[2] / "components" / trial_dir.name
         learner_dir = {n: copies / f"learner@{n[:12]}" for n in (worker.node_id, head.node_id)}

@@ -27,6 +27,15 @@ SMALL = [
     "learner.lr=1e-3",
     "buffer.max_depth=64",
 ]
+# SMALL, one trial shape for executor tests: torch generator, one of it, fixed lag 0, no MLflow.
+SMALL_FIXED = [
+    *SMALL,
+    "generation.backend=torch",
+    "generation.num_generators=1",
+    "staleness.lags=[0]",
+    "staleness.mode=fixed",
+    "tracking.enabled=false",
+]
 
 
 def trial_command(

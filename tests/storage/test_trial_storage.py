@@ -7,13 +7,12 @@ S3 endpoint, including the failure that must leave the groups pending.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from buffer.connection import RunKeys, connect
+from buffer.connection import RunKeys
 from buffer.rollout_buffer import RolloutBuffer
 from contract.layout import (
     CHECKPOINTS_DIR,
@@ -36,9 +35,8 @@ from harness.storage.trial_storage import (
     TrialSync,
     UploadBeforeAck,
 )
-from tests.buffer.factories import RUN_ID, fast_config, make_group
+from tests.buffer.factories import RUN_ID, make_group
 from tests.buffer.run_state import is_trained
-from tests.conftest import RedisInstance
 from tests.s3 import S3Server
 
 KEYS = RunKeys(RUN_ID)
@@ -127,18 +125,6 @@ def test_every_is_due_once_per_interval() -> None:
 # ---- UploadBeforeAck ----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def client(redis_server: RedisInstance) -> Iterator[redis.Redis]:
-    client = connect(redis_server.url)
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def rollouts(client: redis.Redis) -> RolloutBuffer:
-    return RolloutBuffer(client, RUN_ID, fast_config())
-
-
 def pending(client: redis.Redis) -> int:
     return int(client.xinfo_groups(KEYS.stream)[0]["pending"])
 
@@ -150,13 +136,13 @@ def take_two(buffer: RolloutBuffer | UploadBeforeAck) -> list:
 
 
 def test_commit_uploads_the_checkpoint_then_acks(
-    rollouts: RolloutBuffer, client: redis.Redis, s3_uri: str, tmp_path: Path
+    buffer: RolloutBuffer, client: redis.Redis, s3_uri: str, tmp_path: Path
 ) -> None:
     """After a commit, Redis has let go of the groups, so the bucket must already hold the
     checkpoint that records them: a resume elsewhere then neither loses nor repeats them."""
     local = tmp_path / TRIAL
     storage = Storage(s3_uri, tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(rollouts, TrialSync(storage, TRIAL, local))
+    learner_buffer = UploadBeforeAck(buffer, TrialSync(storage, TRIAL, local))
     deliveries = take_two(learner_buffer)  # the wrapper passes everything else through
     assert pending(client) == 2
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
@@ -168,26 +154,26 @@ def test_commit_uploads_the_checkpoint_then_acks(
     assert read_remote(bucket, f"{CHECKPOINTS_DIR}/latest.json") == b'{"step": 1}'
     assert bucket.exists(f"{METRICS_DIR}/part-000001.parquet")
     assert pending(client) == 0
-    assert rollouts.depth() == 0
+    assert buffer.depth() == 0
     assert all(is_trained(client, d.group.group_id) for d in deliveries)
 
 
 def test_failed_upload_leaves_the_groups_pending(
-    rollouts: RolloutBuffer, client: redis.Redis, s3_server: S3Server, tmp_path: Path
+    buffer: RolloutBuffer, client: redis.Redis, s3_server: S3Server, tmp_path: Path
 ) -> None:
     """The ordering itself: if the checkpoint cannot reach the bucket, the commit fails and
     Redis keeps the groups pending, to be redelivered to the learner that resumes."""
     local = tmp_path / TRIAL
     storage = Storage(s3_server.uri("no-such-bucket-xyz", "exp"), tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(rollouts, TrialSync(storage, TRIAL, local))
-    deliveries = take_two(rollouts)
+    learner_buffer = UploadBeforeAck(buffer, TrialSync(storage, TRIAL, local))
+    deliveries = take_two(buffer)
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
 
     with pytest.raises(OSError, match="bucket"):
         learner_buffer.commit(deliveries)
 
     assert pending(client) == 2
-    assert rollouts.depth() == 2
+    assert buffer.depth() == 2
     assert not any(is_trained(client, d.group.group_id) for d in deliveries)
 
 
