@@ -75,13 +75,13 @@ def test_extension_command_runs_only_the_missing_trials(tmp_path: Path, steps: i
     assert facts.seeds == (0, 1, 2) and facts.steps_flag == steps
     command = extension_command(facts, 5)
     params = _parse_run(command)
-    assert params["out"] == root and params["steps"] == steps
+    assert Path(params["out"]) == root and params["steps"] == steps
     assert params["config"] == ExperimentPaths(root).resolved_config
     cfg = load_config(params["config"], params["overrides"])
     assert cfg.seeds == [0, 1, 2, 3, 4]
     # What `harness run` does first: classify every grid trial from its directory.
     per_trial = steps if steps is not None else cfg.learner.steps
-    states = classify_trials(expand_trials(cfg, params["out"]), cfg.config_hash(), per_trial)
+    states = classify_trials(expand_trials(cfg, Path(params["out"])), cfg.config_hash(), per_trial)
     done = {(t.spec.seed, t.spec.arm, t.spec.lag) for t in states if t.state == "done"}
     pending = {(t.spec.seed, t.spec.arm, t.spec.lag) for t in states if t.state == "pending"}
     arms, lags = [a.name for a in cfg.arms], cfg.staleness.lags
