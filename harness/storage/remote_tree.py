@@ -8,7 +8,6 @@ environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...), so nothing here is S3-sp
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pyarrow.fs as pafs
 
 CHUNK_BYTES: Final = 8 << 20
+_LOCAL: Final = pafs.LocalFileSystem()
 
 
 class StorageError(RuntimeError):
@@ -94,8 +94,14 @@ class RemoteTree:
         """Copy one local file to `rel` (an object store makes it visible whole, or not)."""
         target = self._path(rel)
         self._make_parent(target)
-        with local.open("rb") as source, self.fs.open_output_stream(target) as sink:
-            shutil.copyfileobj(source, sink, CHUNK_BYTES)
+        if not local.is_file():
+            raise FileNotFoundError(local)
+        # pyarrow's copy runs in C++ with background writes (S3: parallel multipart parts);
+        # a Python read/write loop was 0.6x its speed on a 129 MB trial (storage_bench.py)
+        pafs.copy_files(
+            str(local), target, source_filesystem=_LOCAL, destination_filesystem=self.fs,
+            chunk_size=CHUNK_BYTES,
+        )  # fmt: skip
 
     def write_bytes(self, rel: str, data: bytes) -> None:
         target = self._path(rel)
@@ -109,8 +115,10 @@ class RemoteTree:
         local.parent.mkdir(parents=True, exist_ok=True)
         staging = local.with_name(f".{local.name}.{uuid.uuid4().hex[:8]}.part")
         try:
-            with self.fs.open_input_stream(self._path(rel)) as source, staging.open("wb") as sink:
-                shutil.copyfileobj(source, sink, CHUNK_BYTES)
+            pafs.copy_files(
+                self._path(rel), str(staging), source_filesystem=self.fs,
+                destination_filesystem=_LOCAL, chunk_size=CHUNK_BYTES,
+            )  # fmt: skip
             if mtime_ns is not None:
                 os.utime(staging, ns=(mtime_ns, mtime_ns))
             staging.replace(local)
