@@ -120,10 +120,14 @@ def write_trial_record(trial_dir: Path, record: TrialRecord) -> None:
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically so a reader (or a kill) never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-    with tmp.open("rb") as handle:
-        os.fsync(handle.fileno())
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
+        with tmp.open("rb") as handle:
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a failed write or replace leaves no temporary behind
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

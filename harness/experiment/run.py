@@ -260,7 +260,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             console.print(
                 f"{cfg.name}: {len(trials)} trials, {len(queue)} to run, "
                 f"{len(trials) - len(queue)} already done; output in {out_dir}"
-                + (f", synced to {storage.tree().label}" if storage is not None else ""),
+                + (f", synced to {storage.tree.label}" if storage is not None else ""),
                 highlight=False,
             )
             done = len(trials) - len(queue)

@@ -12,6 +12,7 @@ directory renamed into place when complete (readers never see half a model), und
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,6 +39,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from contract.record import write_json_atomic
 from harness.config import ConfigError, ModelConfig, TaskConfig
 from harness.file_lock import file_lock
 from harness.models.chat_warm_start import chat_warm_start
@@ -309,7 +311,10 @@ def weights_digest(model_dir: Path | str) -> str:
     files = sorted(root.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {model_dir}")
-    stats = [[p.name, st.st_size, st.st_mtime_ns, st.st_ino] for p in files if (st := p.stat())]
+    stats = []
+    for path in files:
+        info = path.stat()
+        stats.append([path.name, info.st_size, info.st_mtime_ns, info.st_ino])
     cache = root / DIGEST_CACHE
     try:
         cached = json.loads(cache.read_text())
@@ -321,14 +326,6 @@ def weights_digest(model_dir: Path | str) -> str:
     for path in files:
         digest.update(path.name.encode() + b"\x00")
         digest.update(bytes.fromhex(file_digest(path)))
-    _write_digest_cache(cache, {"files": stats, "digest": digest.hexdigest()})
+    with contextlib.suppress(OSError):  # a read-only model dir (a shared mount): uncached
+        write_json_atomic(cache, {"files": stats, "digest": digest.hexdigest()})
     return digest.hexdigest()
-
-
-def _write_digest_cache(cache: Path, entry: dict[str, Any]) -> None:
-    staging = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    try:
-        staging.write_text(json.dumps(entry))
-        staging.replace(cache)  # atomic: concurrent components read the old entry or the new
-    except OSError:  # read-only model dir (a shared mount): hash every time
-        staging.unlink(missing_ok=True)

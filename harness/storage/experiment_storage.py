@@ -28,7 +28,7 @@ def experiment_storage(cfg: ExperimentConfig, out: str | Path | None) -> Storage
         return None
     scratch = Path(cfg.executor.scratch_dir).expanduser().resolve()
     storage = Storage(uri, scratch, cfg.executor.sync_interval_s)
-    storage.tree()  # a bad scheme or missing credentials fail now, before any trial
+    _ = storage.tree  # a bad scheme or missing credentials fail now, before any trial
     return storage
 
 
@@ -41,18 +41,16 @@ def restore_working_copy(storage: Storage, private_components: bool) -> Path:
     local.mkdir(parents=True, exist_ok=True)
     skip = (CHECKPOINTS_DIR, WEIGHTS_DIR) if private_components else ()
     try:
-        Mirror(local, storage.tree()).pull([""], delete=False, overwrite=False, skip_dirs=skip)
+        Mirror(local, storage.tree).pull([""], delete=False, overwrite=False, skip_dirs=skip)
     except OSError as exc:
-        raise StorageError(
-            f"cannot read the experiment from {storage.tree().label}: {exc}"
-        ) from exc
+        raise StorageError(f"cannot read the experiment from {storage.tree.label}: {exc}") from exc
     return local
 
 
 def publish_working_copy(storage: Storage, local: Path) -> None:
     """Push what the driver owns: the experiment's files (resolved config, report, MLflow
     store) and each trial's supervisor files; the rest was pushed by its writer."""
-    tree = storage.tree()
+    tree = storage.tree
     top = [entry.name for entry in local.iterdir() if entry.name != TRIALS_DIR]
     trials = (
         sorted(p.name for p in (local / TRIALS_DIR).iterdir())

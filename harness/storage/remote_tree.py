@@ -133,8 +133,17 @@ class RemoteTree:
             return
 
     def delete_tree(self, prefix: str) -> None:
-        for rel in self.listing(prefix):
-            self.delete(rel)
+        """Delete a file, or a directory and all under it (S3: batched DeleteObjects requests,
+        not one request per file); an absent prefix is not an error."""
+        path = self._path(prefix)
+        kind = self.fs.get_file_info(path).type
+        try:
+            if kind == pafs.FileType.File:
+                self.fs.delete_file(path)
+            elif kind == pafs.FileType.Directory:
+                self.fs.delete_dir(path)
+        except FileNotFoundError:  # a concurrent deleter got there first
+            return
 
     def _path(self, rel: str) -> str:
         rel = rel.strip("/")

@@ -28,6 +28,7 @@ import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Final
 
@@ -47,7 +48,7 @@ from contract.layout import (
     WEIGHTS_DIR,
 )
 from harness.storage.mirror import Mirror
-from harness.storage.remote_tree import RemoteTree, join_uri
+from harness.storage.remote_tree import RemoteTree
 
 ENV_URI: Final = "HARNESS_STORAGE_URI"  # the experiment's URI
 ENV_SCRATCH: Final = "HARNESS_SCRATCH_DIR"  # where working copies live on this machine
@@ -97,11 +98,14 @@ class Storage:
         it would on a separate machine, even when several nodes share one disk."""
         return self.scratch / self.key / "components" / trial / f"{component}@{node}"
 
+    @cached_property
     def tree(self) -> RemoteTree:
+        """The experiment's tree, opened once: opening an S3 URI without a region asks the
+        bucket for it, a request every later tree of this process can do without."""
         return RemoteTree.open(self.uri)
 
     def trial_tree(self, trial: str) -> RemoteTree:
-        return RemoteTree.open(join_uri(self.uri, TRIALS_DIR, trial))
+        return self.tree.child(f"{TRIALS_DIR}/{trial}")
 
 
 class Every:
