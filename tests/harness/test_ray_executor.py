@@ -230,8 +230,6 @@ def test_a_sigkilled_run_with_its_own_ray_records_the_trial_and_resumes_from_the
     uri = s3_server.new_bucket()
     config = _write_config(tmp_path / "exp.yaml", [*BASE, *ONE_TRIAL])
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    # Ray's orphans (its runtime-env agent) wait this long for the dead GCS before they exit
-    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = "20"
     argv = [sys.executable, "-m", "harness.cli", "run", str(config), "--out", uri, "--steps", "8"]
     argv += ["--executor", "ray", "executor.sync_interval_s=0.5"]
     first = subprocess.Popen(
@@ -249,7 +247,8 @@ def test_a_sigkilled_run_with_its_own_ray_records_the_trial_and_resumes_from_the
     first.kill()
     first.wait()
     _assert_all_gone(ours, timeout_s=40)  # the runner gives Ray's teardown 15 s
-    _assert_all_gone(tree, timeout_s=60)  # Ray's orphans end on Ray's GCS timeout (20 s here)
+    # Ray's own orphan (its runtime-env agent) outlives the killed instance by about 45 s
+    _assert_all_gone(tree, timeout_s=60)
     record = read_trial_record(trial_dir)
     assert record.status == "failed" and record.failure_reason.startswith("interrupted")
     bucket = RemoteTree.open(uri).child(f"trials/{trial_dir.name}")
