@@ -1,10 +1,11 @@
 """Read each trial's per-eval-set table, or derive it from `eval/pass_rate` for older trials.
 
-Contract with the trial side: `<trial_dir>/evals.parquet/` (a directory of Parquet parts) holds
-one row per (step, eval_set) with `n_prompts`, `greedy_pass_rate`, `samples`, `pass1_sampled`
-(mean sampled pass@1) and a `pass_at_<k>` column per configured k. Trials written before eval
-suites existed have no such table: their single eval set is the greedy `eval/pass_rate` of the
-step table, named `heldout`, so an old experiment still reports.
+Contract with the trial side: `<trial_dir>/evals.parquet/` (a directory of Parquet parts, read
+through `contract.step_tables`) holds one row per (step, eval_set) with `n_prompts`,
+`greedy_pass_rate`, `samples`, `pass1_sampled` (mean sampled pass@1) and a `pass_at_<k>` column
+per configured k. Trials written before eval suites existed have no such table: their single eval
+set is the greedy `eval/pass_rate` of the step table, named `heldout`, so an old experiment still
+reports.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from contract import metrics as mn
+from contract import step_tables
 from contract.evals import DEFAULT_EVAL_SET as LEGACY_EVAL_SET
 from contract.evals import EVAL_SET, STEP, k_of_column
 from contract.evals import GREEDY_PASS_RATE as GREEDY
@@ -37,11 +37,6 @@ def score_columns(frame: pd.DataFrame) -> list[str]:
     return [c for c in SCORE_COLUMNS_FIXED if c in frame.columns] + at_k
 
 
-def _parts(path: Path) -> list[Path]:
-    parts = [path] if path.is_file() else sorted(path.glob("*.parquet"))
-    return [p for p in parts if not p.name.startswith((".", "_"))]
-
-
 def read_evals(path: Path) -> tuple[pd.DataFrame | None, list[str]]:
     """(rows sorted by step, problems); None when the trial has no evals table.
 
@@ -49,17 +44,11 @@ def read_evals(path: Path) -> tuple[pd.DataFrame | None, list[str]]:
     (step, eval_set) written twice (a resumed learner) keeps its last row; an unreadable part
     is skipped and reported, like the step table's parts.
     """
-    if not path.exists():
-        return None, []
-    tables, problems = [], []
-    for part in _parts(path):
-        try:
-            tables.append(pq.read_table(part))
-        except (OSError, pa.ArrowException) as err:
-            problems.append(f"unreadable {EVALS_DIR} part {part.name}: {err}")
-    if not tables:
+    found = step_tables.read_parts(path)
+    problems = list(found.problems)
+    if found.table is None:
         return None, problems
-    frame = pa.concat_tables(tables, promote_options="permissive").to_pandas()
+    frame = found.table.to_pandas()
     if not {STEP, EVAL_SET} <= set(frame.columns):
         return None, [*problems, f"{EVALS_DIR} lacks `step` or `eval_set`: ignored"]
     keep = [STEP, EVAL_SET, *score_columns(frame)]

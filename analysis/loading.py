@@ -1,9 +1,10 @@
 """Read an experiment output directory into a tidy table of per-step metrics.
 
 Layout (contract.layout, shared with the trial runner): `ROOT/trials/<trial_name>/trial.json`
-plus `ROOT/trials/<trial_name>/metrics.parquet/part-*.parquet`, one row per learner step. Problems
-(an invalid trial record, absent or partial metrics) are collected as rows of `problems` rather
-than raised, so one broken trial never hides the others from the report.
+plus `ROOT/trials/<trial_name>/metrics.parquet/part-*.parquet`, one row per learner step, read
+through `contract.step_tables`. Problems (an invalid trial record, absent or partial metrics) are
+collected as rows of `problems` rather than raised, so one broken trial never hides the others
+from the report.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from analysis.eval_tables import stack_evals, trial_evals
 from contract import metrics as mn
+from contract import step_tables
 from contract.layout import METRICS_DIR, TRIAL_JSON, TRIALS_DIR, ExperimentPaths, TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TrialStatus
@@ -64,24 +63,16 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     """Read all parquet parts of one trial; return (step-sorted frame, problems found).
 
     Parts are read under the union of their schemas because a metric may first appear in a
-    later part. A step written twice (a resumed learner re-appending) keeps its last row.
+    later part; an unreadable part is skipped and reported (`contract.step_tables.read_parts`).
+    A step written twice (a resumed learner re-appending) keeps its last row.
     """
     if not path.exists():
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [f"{METRICS_DIR} absent"]
-    parts = [path] if path.is_file() else sorted(path.glob("*.parquet"))
-    parts = [p for p in parts if not p.name.startswith((".", "_"))]
-    readable, schemas, problems = [], [], []
-    for part in parts:
-        try:
-            schemas.append(pq.read_schema(part))
-            readable.append(str(part))
-        except (OSError, pa.ArrowException) as err:
-            problems.append(f"unreadable part {part.name}: {err}")
-    if not readable:
+    found = step_tables.read_parts(path)
+    problems = list(found.problems)
+    if found.table is None:
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [*problems, "no metric rows yet"]
-    schema = pa.unify_schemas(schemas, promote_options="permissive")
-    frame, read_problems = _read_parts(readable, schema)
-    problems.extend(read_problems)
+    frame = found.table.to_pandas()
     keep = [c for c in frame.columns if c in mn.ALL_METRICS or c in (mn.STEP, mn.TIMESTAMP)]
     frame = frame[keep]
     if mn.STEP not in frame.columns:
@@ -90,23 +81,6 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     if frame.empty:
         problems.append("no metric rows yet")
     return frame.reset_index(drop=True), problems
-
-
-def _read_parts(files: list[str], schema: pa.Schema) -> tuple[pd.DataFrame, list[str]]:
-    """Read parts as one dataset; if one is corrupt past its footer, read the rest one by one."""
-    try:
-        return ds.dataset(files, schema=schema, format="parquet").to_table().to_pandas(), []
-    except (OSError, pa.ArrowException):
-        pass
-    tables, problems = [], []
-    for file in files:
-        try:
-            tables.append(ds.dataset(file, schema=schema, format="parquet").to_table())
-        except (OSError, pa.ArrowException) as err:
-            problems.append(f"unreadable part {Path(file).name}: {err}")
-    if not tables:
-        return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), problems
-    return pa.concat_tables(tables).to_pandas(), problems
 
 
 def _trial_row(record: TrialRecord, name: str, last_step: float) -> dict:

@@ -1,7 +1,8 @@
 """Synthetic experiment directories in the trial runner's on-disk format, for tests and demos.
 
-Writes `root/trials/<name>/trial.json` and `metrics.parquet/part-NNNNNN.parquet` exactly as the
-learner does (one row per step, NaN where a metric was not measured), with known effects: each
+Writes `root/trials/<name>/trial.json` and `metrics.parquet/part-NNNNNN.parquet` through the
+learner's writer (`contract.step_tables`: one row per step, NaN where a metric was not measured;
+`rows_per_part` steps per part, the learner's one when 1), with known effects: each
 arm has a skill, each seed a shared offset (so matched seeds are correlated, as in the real
 harness), and larger lags trade a little score for throughput.
 """
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from contract import evals as ev
 from contract import metrics as mn
+from contract import step_tables
 from contract.layout import ExperimentPaths, TrialPaths
 from contract.trial import StalenessMode, TrialStatus
 
@@ -37,6 +38,8 @@ class SyntheticSpec:
     lags: tuple[int, ...] = (0, 1, 4)
     steps: int = 60
     eval_every: int = 10
+    # Steps per metrics part, each named by its first step. 1 is the learner's layout; more keeps
+    # big synthetic experiments quick to write and read (the reader does not care).
     rows_per_part: int = 25
     seed_sd: float = 0.05  # between-seed offset shared by all arms of a seed
     noise_sd: float = 0.02  # eval noise per measurement
@@ -190,20 +193,22 @@ def write_trial(
     rows_per_part: int,
     evals: pa.Table | None = None,
 ) -> None:
-    """trial.json plus the table split into parquet part files, as the learner appends them;
-    with `evals`, also evals.parquet (one part per eval step, as the learner writes it)."""
+    """trial.json plus the table split into parts of `rows_per_part` steps, each named by its
+    first step (the learner's layout when 1), by the learner's writer; with `evals`, also
+    evals.parquet (one part per eval step, exactly as the learner writes it)."""
     paths = TrialPaths(trial_dir)
-    metrics = paths.metrics
-    metrics.mkdir(parents=True, exist_ok=True)
+    paths.metrics.mkdir(parents=True, exist_ok=True)
     paths.metadata.write_text(json.dumps(info, indent=2))
-    for i, start in enumerate(range(0, table.num_rows, rows_per_part)):
-        pq.write_table(table.slice(start, rows_per_part), metrics / f"part-{i:06d}.parquet")
+    steps = table[mn.STEP].to_numpy()
+    for start in range(0, table.num_rows, rows_per_part):
+        chunk = table.slice(start, rows_per_part)
+        step_tables.write_part(paths.metrics, int(steps[start]), chunk)
     if evals is not None:
         paths.evals.mkdir(parents=True, exist_ok=True)
-        steps = evals[ev.STEP].to_numpy()
-        for i, step in enumerate(np.unique(steps)):
-            part = evals.filter(pa.array(steps == step))
-            pq.write_table(part, paths.evals / f"part-{i:06d}.parquet")
+        eval_steps = evals[ev.STEP].to_numpy()
+        for step in np.unique(eval_steps):
+            part = evals.filter(pa.array(eval_steps == step))
+            step_tables.write_part(paths.evals, int(step), part)
 
 
 def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:

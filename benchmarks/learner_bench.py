@@ -1,10 +1,10 @@
 """Learner throughput: tokens/s and model FLOPs utilisation of one update on the learner's path.
 
-Each update is what `learner.step` does per minibatch: the policy forward through
-`learner.forward.policy_logprobs` (log_softmax + gather + entropy over the real vocabulary), the
-GSPO loss of `learner.arms`, backward, gradient clipping and an AdamW step. The model is a
-random-init Qwen2 built here with a 32k vocabulary (nothing is downloaded), so the LM head costs
-what a real model's does.
+Each update is what `learner.runtime.step` does per minibatch: the policy forward through
+`learner.runtime.forward.policy_logprobs` (log_softmax + gather + entropy over the real vocabulary),
+the GSPO loss of `learner.algorithms.objectives`, backward, gradient clipping and an AdamW step. The
+model is a random-init Qwen2 built here with a 32k vocabulary (nothing is downloaded), so the LM
+head costs what a real model's does.
 
 MFU follows the PaLM appendix: model FLOPs per token = 6 N + 12 L d T (N parameters without the
 input embedding, L layers, d hidden size, T sequence length), times tokens per second, over the
@@ -32,9 +32,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from learner.advantages import group_advantages
-from learner.arms import arm_spec
-from learner.forward import policy_logprobs
+from learner.algorithms.advantages import group_advantages
+from learner.algorithms.objectives import POLICY_LOSSES
+from learner.config import default_options
+from learner.runtime.forward import policy_logprobs
 
 # Peak dense bf16 tensor FLOPs (no sparsity), from the vendors' data sheets.
 PEAK_BF16_TFLOPS = {
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
 
     model = build_model(args).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    spec = arm_spec("gspo")
+    gspo_loss, gspo_options = POLICY_LOSSES["gspo"], default_options("gspo")
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=gen)
     attention = torch.ones_like(input_ids)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     def update() -> None:
         with autocast:
             logprobs, _ = policy_logprobs(model, input_ids, attention)
-        loss, _ = spec.loss(logprobs.float(), old, advantages, mask, spec.default_options())
+        loss, _ = gspo_loss(logprobs.float(), old, advantages, mask, gspo_options)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

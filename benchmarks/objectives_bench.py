@@ -33,9 +33,10 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from learner.advantages import group_advantages
-from learner.arms import arm_spec
-from learner.masking import masked_mean
+from learner.algorithms.advantages import group_advantages
+from learner.algorithms.masking import masked_mean
+from learner.algorithms.objectives import POLICY_LOSSES
+from learner.config import default_options
 
 TARGET_RATIO = 1.1
 """The objective's cost budget from logits, as a multiple of the NLL baseline's (issue 16)."""
@@ -80,20 +81,19 @@ def cases(x: Inputs, logprobs: Callable[[], Tensor]) -> dict[str, Callable[[], T
     """Name -> closure returning the loss; 'nll' is the baseline. `logprobs()` yields the [B, T]
     logprobs each case starts from (the leaf itself, or log_softmax + gather of leaf logits)."""
     old, adv, mask = x.old_logprobs, x.advantages, x.mask
-    gspo, gspo_token, grpo, ppo = (arm_spec(n) for n in ("gspo", "gspo_token", "grpo", "ppo"))
+    losses = POLICY_LOSSES
+    defaults = {name: default_options(name) for name in ("gspo", "gspo_token", "ppo")}
     out: dict[str, Callable[[], Tensor]] = {
         "nll": lambda: -masked_mean(logprobs(), mask),
-        "gspo": lambda: gspo.loss(logprobs(), old, adv, mask, gspo.default_options())[0],
-        "gspo_token": lambda: gspo_token.loss(
-            logprobs(), old, adv, mask, gspo_token.default_options()
+        "gspo": lambda: losses["gspo"](logprobs(), old, adv, mask, defaults["gspo"])[0],
+        "gspo_token": lambda: losses["gspo_token"](
+            logprobs(), old, adv, mask, defaults["gspo_token"]
         )[0],
-        "ppo": lambda: ppo.loss(logprobs(), old, x.token_advantages, mask, ppo.default_options())[
-            0
-        ],
+        "ppo": lambda: losses["ppo"](logprobs(), old, x.token_advantages, mask, defaults["ppo"])[0],
     }
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
-        options = replace(grpo.default_options(x.max_len), agg=agg)
-        out[f"grpo[{agg}]"] = lambda o=options: grpo.loss(logprobs(), old, adv, mask, o)[0]
+        options = replace(default_options("grpo", x.max_len), agg=agg)
+        out[f"grpo[{agg}]"] = lambda o=options: losses["grpo"](logprobs(), old, adv, mask, o)[0]
     return out
 
 
@@ -105,7 +105,8 @@ class Logits:
     targets: Tensor
 
     def logprobs(self) -> Tensor:
-        """log_softmax + gather: what every update pays before its loss (learner.forward)."""
+        """log_softmax + gather: what every update pays before its loss
+        (learner.runtime.forward)."""
         return torch.log_softmax(self.logits, dim=-1).gather(-1, self.targets).squeeze(-1)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from contract import metrics as M
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[1]
 LAGS = (0, 1, 2, 4)

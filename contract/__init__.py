@@ -5,6 +5,8 @@
 - `contract.layout`: the experiment and trial directory layout (`ExperimentPaths`, `TrialPaths`).
 - `contract.record`: the validated `trial.json` record (`TrialRecord`) and its one reader.
 - `contract.metrics`: the per-step metric names and the rule that combines each one.
+- `contract.step_tables`: `metrics.parquet/` and `evals.parquet/`, one Parquet part per step: the
+  one writer (atomic, truncation on resume) and reader (schema union, damaged parts reported).
 
 This package imports nothing from harness, learner, analysis or buffer, so every other package
 may depend on it and analysis depends on nothing else.

@@ -2,9 +2,9 @@
 
 A trial evaluates every `learner.eval_every` steps on each eval set of the experiment (`evals` in
 the config; by default one set named DEFAULT_EVAL_SET built from `task`). The learner writes one
-row per (step, eval set) to `<trial>/evals.parquet/` (learner.evals_log); the harness logs the same
-values to the trial's MLflow run under `eval/<set>/<score>`; the analysis reads either. The first
-set's greedy pass rate is also `eval/pass_rate` of metrics.parquet, so a single-set experiment
+row per (step, eval set) to `<trial>/evals.parquet/` (learner.runtime.evals_log); the harness logs
+the same values to the trial's MLflow run under `eval/<set>/<score>`; the analysis reads either. The
+first set's greedy pass rate is also `eval/pass_rate` of metrics.parquet, so a single-set experiment
 reads exactly as before this table existed.
 
 Columns: STEP int64, EVAL_SET string, N_PROMPTS int64, GREEDY_PASS_RATE float64, SAMPLES int64

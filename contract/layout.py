@@ -12,8 +12,8 @@ so a renamed file is one edit here instead of a silently empty report.
             trial.log                  the trial runner's output (written by `harness run`)
             resolved_config.yaml
             prompts.parquet
-            metrics.parquet/part-NNNNNN.parquet
-            evals.parquet/part-NNNNNN.parquet   per-eval-set scores (contract.evals)
+            metrics.parquet/part-NNNNNN.parquet  one per step (contract.step_tables)
+            evals.parquet/part-NNNNNN.parquet    per-eval-set scores (contract.evals)
             trained_groups/step-NNNNNN.json
             checkpoints/  weights/  redis/  logs/<component>.log
             learner_outcome.json
@@ -79,12 +79,14 @@ class TrialPaths:
 
     @property
     def metrics(self) -> Path:
-        """A directory of one Parquet part per learner step (learner.metrics_log)."""
+        """A directory of one Parquet part per learner step (contract.step_tables; appended by
+        learner.runtime.metrics_log)."""
         return self.root / METRICS_DIR
 
     @property
     def evals(self) -> Path:
-        """A directory of one Parquet part per eval step, a row per eval set (learner.evals_log)."""
+        """A directory of one Parquet part per eval step, a row per eval set (contract.step_tables;
+        appended by learner.runtime.evals_log)."""
         return self.root / EVALS_DIR
 
     @property

@@ -33,7 +33,7 @@ POLICY_CLIP_FRAC_HIGH: Final = "policy/clip_frac_high"
 # s_i; GSPO-token: s_i,t per token; GRPO/PPO: r_t per token); ratio_mean is kept for earlier
 # reports but is not comparable across arms. ratio_seq_mean (mean over sequences of
 # exp(mean_t log r_t)) and ratio_token_mean (token mean of r_t) are, for every objective
-# (learner.objectives.stats).
+# (learner.algorithms.objectives.stats).
 POLICY_RATIO_MEAN: Final = "policy/ratio_mean"
 POLICY_RATIO_MIN: Final = "policy/ratio_min"
 POLICY_RATIO_MAX: Final = "policy/ratio_max"
@@ -75,11 +75,11 @@ STALENESS_BIAS_REWARD: Final = "staleness/bias_reward"
 STALENESS_BIAS_LENGTH: Final = "staleness/bias_length"
 STALENESS_KL_BEHAVIOR: Final = "staleness/kl_behavior"
 
-# Off-policy correction of the arm (learner.corrections), per step over the batch's response
-# tokens (or sequences, for sequence-level corrections). weight_mean: mean applied weight (NaN for
-# `naive`, which applies none); ess_frac: effective sample size over N, (sum w)^2 / (N sum w^2), of
-# the applied weights (naive: of the raw behaviour ratios its ratio carries), 1 when on-policy;
-# masked_frac / trunc_frac: share of response tokens whose weight is zeroed / capped.
+# Off-policy correction of the arm (learner.algorithms.corrections), per step over the batch's
+# response tokens (or sequences, for sequence-level corrections). weight_mean: mean applied weight
+# (NaN for `naive`, which applies none); ess_frac: effective sample size over N, (sum w)^2 / (N sum
+# w^2), of the applied weights (naive: of the raw behaviour ratios its ratio carries), 1 when
+# on-policy; masked_frac / trunc_frac: share of response tokens whose weight is zeroed / capped.
 OFFPOLICY_WEIGHT_MEAN: Final = "offpolicy/weight_mean"
 OFFPOLICY_ESS_FRAC: Final = "offpolicy/ess_frac"
 OFFPOLICY_MASKED_FRAC: Final = "offpolicy/masked_frac"
@@ -99,7 +99,7 @@ PERF_WEIGHT_SYNC_S: Final = "perf/weight_sync_s"
 # The learner step's parts, in seconds: wait = learner_step_s * learner_wait_frac (taking the
 # batch); train = collate + every minibatch update; publish = what the step blocks on to publish
 # its weights, the snapshot (the write, version notice and pruning run on a background thread,
-# learner.step_io); then, on the steps that have them, eval and checkpoint (outside
+# learner.runtime.step_io); then, on the steps that have them, eval and checkpoint (outside
 # learner_step_s; a checkpoint first waits for the background writes). A checkpoint step's own
 # row is on disk before its checkpoint, so perf/checkpoint_s is logged on the step after it.
 # benchmarks/trial_bench.py prints them per lag to find the critical path.
@@ -151,10 +151,11 @@ def is_timing_dependent(name: str) -> bool:
 Reduction = Literal["mean", "min", "max", "sum", "last"]
 
 # How partial measurements of one step combine into the step's value: over the step's minibatch
-# updates and over data-parallel ranks (learner.step, learner.distributed), and over generators
-# (buffer.telemetry). Shares are equal-sized (check_group_split), so a plain mean of means is the
-# mean. Metrics measured once per step on the whole batch (reward/*, length/*, staleness/*,
-# eval/*, buffer/*) declare the rule that would combine equal shares of them all the same.
+# updates and over data-parallel ranks (learner.runtime.step, learner.runtime.distributed), and over
+# generators (buffer.telemetry). Shares are equal-sized (check_group_split), so a plain mean of
+# means is the mean. Metrics measured once per step on the whole batch (reward/*, length/*,
+# staleness/*, eval/*, buffer/*) declare the rule that would combine equal shares of them all the
+# same.
 REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
     {
         REWARD_MEAN: "mean",

@@ -154,6 +154,7 @@ def trial(
     overrides: OverridesArg = None,
 ) -> None:
     """Run one trial: embedded Redis (unless configured), generator(s) and learner processes."""
+    from harness.executors import open_executor
     from harness.trial.supervisor import TrialFailedError, run_trial
 
     cfg = load_or_exit(config, overrides)
@@ -170,13 +171,10 @@ def trial(
     if outcome.reason:  # not wrapped: a one-line reason stays one line for grep and logs
         console.print(escape(outcome.reason), highlight=False, soft_wrap=True)
     code = 1 if outcome.status == "failed" else 0
-    if cfg.executor.kind == "ray":
-        from harness.trial.ray_components import ray_abandoned
-
-        if ray_abandoned():  # Ray's exit hooks would wait a minute for a dead GCS
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
+    if open_executor(cfg.executor).abandoned():  # Ray's exit hooks would wait a minute
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if code:
         raise typer.Exit(code)
 

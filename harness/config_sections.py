@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from learner.sampling_dist import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
+from learner.algorithms.sampling_dist import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
 
 ModelArch = Literal["qwen2", "qwen3_moe", "mistral"]
 BuiltinTokenizer = Literal["char", "mistral-v1"]
@@ -239,7 +239,7 @@ class GenerationConfig(BaseModel):
             raise ValueError(
                 f"generation.{name} is not supported: behaviour logprobs must be of a "
                 "distribution the learner can reproduce, and it reproduces only temperature, "
-                f"top_k and top_p (learner.sampling_dist); remove generation.{name}"
+                f"top_k and top_p (learner.algorithms.sampling_dist); remove generation.{name}"
             )
         return data
 

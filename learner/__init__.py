@@ -1,1 +1,2 @@
-"""Learner: objectives as pure functions, advantage and KL estimators, the training loop."""
+"""Learner, in three rooms: `algorithms` (pure tensor math), `config` (the arms and shared
+settings), `runtime` (loop, step, checkpoints); `vocabulary` holds the names all three share."""

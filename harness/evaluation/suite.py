@@ -34,7 +34,7 @@ from harness.models.warm_start import greedy_eval
 from harness.tasks.base import Prompt, RewardFn
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
-from learner.sampling_dist import SamplingSettings
+from learner.algorithms.sampling_dist import SamplingSettings
 
 
 def eval_sample_seed(

@@ -22,6 +22,8 @@ from rich.console import Console
 from contract.layout import ExperimentPaths
 from contract.trial import LaunchStatus
 from harness.config import ExperimentConfig
+from harness.executors import open_executor
+from harness.executors.base import TrialPool
 from harness.experiment.grid import (
     PlannedTrial,
     TrialOnDisk,
@@ -30,16 +32,12 @@ from harness.experiment.grid import (
     experiment_dir,
 )
 from harness.experiment.progress import ExperimentProgress
-from harness.experiment.ray_executor import open_pool
-from harness.experiment.scheduler import CommandBuilder, TrialExit, TrialPool, trial_command
+from harness.experiment.scheduler import CommandBuilder, TrialExit, trial_command
 from harness.experiment.tracking import Tracker, open_tracker
 from harness.signals import forward_signals
-from harness.storage.experiment_storage import (
-    experiment_storage,
-    publish_working_copy,
-    restore_working_copy,
-)
+from harness.storage.experiment_storage import publish_working_copy
 from harness.storage.remote_tree import StorageError
+from harness.storage.setup import setup_driver_storage
 from harness.storage.trial_storage import Storage
 
 __all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
@@ -237,9 +235,9 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     learner.steps. `command` replaces the trial command (tests run a tiny script with it).
     """
     console = console or Console()
-    storage = experiment_storage(cfg, out_dir)
-    if storage is not None:  # a bucket: run in this machine's working copy, synced with it
-        out_dir = restore_working_copy(storage, private_components=cfg.executor.kind == "ray")
+    executor = open_executor(cfg.executor)
+    # a bucket: run in this machine's working copy, synced with it
+    storage, out_dir = setup_driver_storage(cfg, out_dir, executor)
     out_dir = Path(out_dir).resolve() if out_dir is not None else experiment_dir(cfg)
     parallel = max_parallel if max_parallel is not None else cfg.max_parallel
     command = command or trial_command(config_path, overrides, steps)
@@ -265,7 +263,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             )
             done = len(trials) - len(queue)
             progress = ExperimentProgress(console, len(trials), done, per_trial)
-            pool = open_pool(cfg.executor, command, parallel, kill_grace_s, trial_timeout_s)
+            pool = executor.trial_pool(command, parallel, kill_grace_s, trial_timeout_s)
             pool.env.update(storage.env() if storage is not None else {})
             with progress, pool, forward_signals(pool.interrupt):
                 _run_queue(

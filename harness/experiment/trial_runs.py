@@ -33,6 +33,7 @@ from mlflow.utils.validation import (
 
 from contract import evals as E
 from contract import metrics as M
+from contract import step_tables
 from contract.layout import (
     EVALS_DIR,
     LOGS_DIR,
@@ -45,8 +46,6 @@ from contract.layout import (
     TrialPaths,
 )
 from harness.experiment.grid import PlannedTrial
-from learner.evals_log import EvalsLog
-from learner.metrics_log import MetricsLog
 
 DATASET_CONTEXT = "train"
 TRUNCATED = "...[truncated]"
@@ -207,19 +206,19 @@ def eval_metric_batches(table: pa.Table, now_ms: int) -> Iterator[list[Metric]]:
 
 
 def read_evals(trial_dir: Path) -> pa.Table | None:
-    """Every eval row of a trial (None if it wrote none: older trials have no evals table)."""
-    if not TrialPaths(Path(trial_dir)).evals.is_dir():
-        return None
-    table = EvalsLog(trial_dir).read()
-    return table if table.num_rows else None
+    """Every eval row of a trial sorted by step, sets in file order (None if it wrote none: older
+    trials have no evals table). A damaged part raises `contract.step_tables.DamagedPartError`."""
+    root = TrialPaths(Path(trial_dir)).evals
+    table = step_tables.read_table(root) if root.is_dir() else None
+    return table.sort_by(E.STEP) if table is not None and table.num_rows else None
 
 
 def read_metrics(trial_dir: Path) -> pa.Table | None:
-    """All metric rows of a trial (None if it wrote none), via the learner's own reader."""
-    if not TrialPaths(Path(trial_dir)).metrics.is_dir():
-        return None
-    table = MetricsLog(trial_dir).read()
-    return table if table.num_rows else None
+    """All metric rows of a trial sorted by step (None if it wrote none), read by the learner's
+    writer's reader (`contract.step_tables`; a damaged part raises its `DamagedPartError`)."""
+    root = TrialPaths(Path(trial_dir)).metrics
+    table = step_tables.read_table(root) if root.is_dir() else None
+    return table.sort_by(M.STEP) if table is not None and table.num_rows else None
 
 
 def prompt_set_digest(frame: pd.DataFrame) -> str:
@@ -267,8 +266,9 @@ def _place(source: Path, target: Path) -> None:
 def stage_trial_files(trial_dir: Path, staging: Path) -> int:
     """Lay out what goes under the artifact path `trial/`; returns the number of files.
 
-    Only whole metric parts (`part-*.parquet`) are taken, never a writer's `.tmp` file, and
-    never checkpoints (large, and only useful next to the trial dir that can resume them).
+    Only whole metric and eval parts (`contract.step_tables.list_parts`) are taken, never a
+    writer's `.tmp` file, and never checkpoints (large, and only useful next to the trial dir
+    that can resume them).
     The resolved config is copied with URL passwords redacted.
     """
     count = 0
@@ -286,7 +286,7 @@ def stage_trial_files(trial_dir: Path, staging: Path) -> int:
             count += 1
     for directory in (METRICS_DIR, EVALS_DIR):
         if (trial_dir / directory).is_dir():
-            for part in sorted((trial_dir / directory).glob("part-*.parquet")):
+            for part in step_tables.list_parts(trial_dir / directory):
                 _place(part, staging / directory / part.name)
                 count += 1
     return count

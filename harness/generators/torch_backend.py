@@ -1,15 +1,15 @@
 """The torch reference generator: a Hugging Face forward with a KV cache and our own sampler.
 
 Slower than vLLM on anything but tiny models, but every step is visible: temperature, top-k, top-p
-(`learner.sampling_dist`, the distribution the learner scores under), and one `torch.Generator`
-per sample seeded by its `sample_seed`, so a sample's random numbers never depend on what else is
-in the batch. On CPU in float32 two runs with the same seeds give bitwise identical tokens and
-logprobs.
+(`learner.algorithms.sampling_dist`, the distribution the learner scores under), and one
+`torch.Generator` per sample seeded by its `sample_seed`, so a sample's random numbers never depend
+on what else is in the batch. On CPU in float32 two runs with the same seeds give bitwise identical
+tokens and logprobs.
 
 On an MoE model `generate` also records the experts every MoE layer routed each position to (the
-router hooks of `learner.moe.capture_routing`, around every forward: the prefill and each decode
-step), cut per row to [P + R - 1, layers, top_k] (`GenResult.routed_experts`): what the learner
-replays under `routing_replay: rollout` (R3, Ma et al. 2025, arXiv:2510.11370).
+router hooks of `learner.runtime.moe.capture_routing`, around every forward: the prefill and each
+decode step), cut per row to [P + R - 1, layers, top_k] (`GenResult.routed_experts`): what the
+learner replays under `routing_replay: rollout` (R3, Ma et al. 2025, arXiv:2510.11370).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from harness.generators.base import (
     group_samples,
     set_torch_threads,
 )
-from learner.moe import capture_routing, router_modules
-from learner.sampling_dist import processed_logprobs
+from learner.algorithms.sampling_dist import processed_logprobs
+from learner.runtime.moe import capture_routing, router_modules
 
 # Rows (samples) decoded together; bounds the KV cache of one batch.
 DEFAULT_MAX_BATCH_ROWS = 256
@@ -103,7 +103,7 @@ class TorchGenerator:
         """A generator over an already-loaded model, used as it is (no copy, no thread change).
 
         Why: the learner's sampled evals draw from its current policy with the rollouts' exact
-        sampler (per-sample seeds, `learner.sampling_dist`). Routing is never recorded.
+        sampler (per-sample seeds, `learner.algorithms.sampling_dist`). Routing is never recorded.
         """
         generator = cls.__new__(cls)
         generator._model = model

@@ -3,9 +3,10 @@
 Facts this module relies on, checked against the installed vLLM (0.32):
 - `logprobs_mode="processed_logprobs"` makes the returned logprob of a sampled token the log-prob
   under the distribution actually sampled (logits / temperature, then top-k, then top-p, the
-  order `learner.sampling_dist` reproduces for the learner), which is the behaviour policy; the
-  default `raw_logprobs` would ignore the temperature. No other logits processor is active: every
-  penalty, min-p and bias keeps its neutral default, since the learner could not reproduce it.
+  order `learner.algorithms.sampling_dist` reproduces for the learner), which is the behaviour
+  policy; the default `raw_logprobs` would ignore the temperature. No other logits processor is
+  active: every penalty, min-p and bias keeps its neutral default, since the learner could not
+  reproduce it.
 - `SamplingParams(seed=...)` gives each request its own torch.Generator, so a sample's random
   numbers depend on its seed only.
 - Weights are swapped without a restart by `collective_rpc("reload_weights", weights_path=DIR,

@@ -165,9 +165,9 @@ class TrialSync:
 class UploadBeforeAck:
     """The learner's buffer, uploading the trial's learner files before each commit.
 
-    `learner.loop` saves a checkpoint, then commits (marks trained, acks) the groups it covers;
-    from then on Redis no longer redelivers them. Uploading in between, synchronously, keeps the
-    bucket's newest checkpoint at least as new as what Redis let go of.
+    `learner.runtime.loop` saves a checkpoint, then commits (marks trained, acks) the groups it
+    covers; from then on Redis no longer redelivers them. Uploading in between, synchronously, keeps
+    the bucket's newest checkpoint at least as new as what Redis let go of.
     """
 
     def __init__(self, inner: Any, sync: TrialSync) -> None:

@@ -40,7 +40,7 @@ from harness.models.factory import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.signals import SignalLatch, install
 from harness.storage.remote_weights import WeightFetcher
-from harness.storage.trial_storage import TrialSync
+from harness.storage.setup import setup_component_sync
 from harness.tasks.mixture import make_train_mixture
 
 IDLE_POLL_S = 0.5
@@ -251,7 +251,7 @@ def run_generator_component(
 def weight_fetcher(trial_dir: Path | None) -> WeightFetcher | None:
     """With a private working copy (Ray executor, trial output in a bucket), versions come
     from the bucket into this copy; otherwise the announced path is read where it is."""
-    sync = TrialSync.for_component(trial_dir) if trial_dir is not None else None
+    sync = setup_component_sync(trial_dir) if trial_dir is not None else None
     if sync is None:
         return None
     return WeightFetcher(TrialPaths(trial_dir).weights, sync.remote.child(WEIGHTS_DIR))

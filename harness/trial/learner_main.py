@@ -25,15 +25,16 @@ from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.models.factory import build_model_dir, weights_digest
 from harness.storage.remote_weights import RemoteWeightStore
+from harness.storage.setup import setup_component_sync
 from harness.storage.trial_storage import (
     LEARNER_FILES,
     LEARNER_PROGRESS,
     TrialSync,
     UploadBeforeAck,
 )
-from learner.checkpoint import CheckpointStore
-from learner.distributed import barrier, init_distributed, shutdown
-from learner.loop import LearnerOutcome, LearnerTask, run_learner
+from learner.runtime.checkpoint import CheckpointStore
+from learner.runtime.distributed import barrier, init_distributed, shutdown
+from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
 
 
 def make_evaluator(cfg: ExperimentConfig, model_dir: Path, trial_seed: int) -> EvalSuite:
@@ -162,7 +163,7 @@ def run_learner_component(
     Under `torchrun` every rank runs this; only rank 0 uses the Redis client and writes files.
     """
     dist = init_distributed(cfg.learner.device)
-    sync = TrialSync.for_component(paths.root) if dist.is_main else None
+    sync = setup_component_sync(paths.root) if dist.is_main else None
     if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
         sync.pull(LEARNER_FILES)
     barrier(dist)  # every rank loads the checkpoint that rank 0 has just fetched

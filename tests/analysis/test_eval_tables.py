@@ -14,9 +14,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.config import ReportConfig
-from analysis.eval_sets import eval_set_scores
 from analysis.eval_tables import legacy_evals, read_evals, score_columns
 from analysis.loading import load_experiment
+from analysis.sections.eval_sets import eval_set_scores
 from contract import evals as ev
 from contract import metrics as mn
 from contract.layout import TrialPaths

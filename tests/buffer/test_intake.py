@@ -1,5 +1,5 @@
-"""What the learner refuses to train (learner.intake), on a real redis-server: groups that break
-the fixed-lag rule never displace the real ones, poison groups go to the dead letter."""
+"""What the learner refuses to train (learner.runtime.intake), on a real redis-server: groups that
+break the fixed-lag rule never displace the real ones, poison groups go to the dead letter."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from buffer.connection import RunKeys
 from buffer.rollout_buffer import RolloutBuffer
 from buffer.schema import make_group_id
 from buffer.streams import Delivery
-from learner.intake import (
+from learner.runtime.intake import (
     ModelLimits,
     fixed_rule,
     fixed_rule_violation,

@@ -29,7 +29,7 @@ from buffer.versions import RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
 from contract.layout import TrialPaths
 from harness.trial.learner_main import require_checkpoint_version
-from learner.checkpoint import CheckpointStore, TrainingState
+from learner.runtime.checkpoint import CheckpointStore, TrainingState
 from tests.buffer.factories import RUN_ID, fast_config, make_group
 
 # The retries of a dead Redis take about 4.5 s (connection.RECONNECT_RETRIES); everything here must

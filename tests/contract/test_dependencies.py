@@ -1,11 +1,14 @@
 """Dependencies point one way (design section 2): contract is the bottom of the graph, and
-analysis depends on nothing of this repo but contract. Checked on the source, statically, so a
-lazy import inside a function counts too."""
+analysis depends on nothing of this repo but contract; inside each package no modules import each
+other in a cycle. Checked on the source, statically, so a lazy import inside a function counts
+too (one under `if TYPE_CHECKING:` does not: it never runs)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = {"analysis", "buffer", "contract", "harness", "learner"}
@@ -40,3 +43,129 @@ def test_analysis_depends_on_contract_alone() -> None:
     outside = {module: pkgs - {"analysis", "contract"} for module, pkgs in imports.items()}
     assert {module: pkgs for module, pkgs in outside.items() if pkgs} == {}
     assert "contract" in imports["analysis/loading.py"]
+
+
+def _is_type_checking_guard(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Dotted names a module imports, anywhere in it (function bodies too), except under
+    `if TYPE_CHECKING:`. `from a.b import c` yields both `a.b` and `a.b.c` (c may be a module)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking_guard(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this module's package
+                parts = module.split(".")
+                base = parts if is_package else parts[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                source = node.module or ""
+            names.add(source)
+            names.update(f"{source}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def module_graph(root: Path, package: str) -> dict[str, set[str]]:
+    """{module: modules of the same package it imports}, from the source under `root`."""
+    files = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        is_package = parts[-1] == "__init__"
+        files[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    graph = {}
+    for module, (path, is_package) in files.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        imported = _imported_names(tree, module, is_package)
+        graph[module] = {name for name in imported if name in files and name != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in sorted(graph[node]):
+            if target not in index:
+                connect(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            connect(node)
+    return cycles
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES))
+def test_no_import_cycle_inside_a_package(package: str) -> None:
+    graph = module_graph(REPO, package)
+    assert len(graph) > 3  # the scan sees the package
+    assert import_cycles(graph) == []
+
+
+def test_cycle_check_counts_function_level_imports_not_type_checking(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.b import thing\n")
+    (pkg / "b.py").write_text("def thing():\n    from pkg import c\n    return c\n")
+    (pkg / "c.py").write_text("from . import a\n")  # relative, back to a: a -> b -> c -> a
+    (pkg / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import x\n"
+    )
+    (pkg / "e.py").write_text("from pkg.d import TYPE_CHECKING\n")  # d -> e only when typing
+    assert import_cycles(module_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def _imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return _imported_names(tree, "x", is_package=False)
+
+
+def test_learner_math_imports_neither_config_nor_runtime() -> None:
+    """`learner.algorithms` is pure tensor math: no pydantic config, no runtime; the names it
+    shares with them come from the leaf `learner.vocabulary`, which imports nothing of the repo."""
+    forbidden = ("learner.config", "learner.runtime", "pydantic", "buffer", "harness")
+    offenders = {}
+    for path in sorted((REPO / "learner" / "algorithms").rglob("*.py")):
+        bad = {name for name in _imports_of(path) if name.startswith(forbidden)}
+        if bad:
+            offenders[str(path.relative_to(REPO))] = bad
+    assert offenders == {}
+    vocabulary = _imports_of(REPO / "learner" / "vocabulary.py")
+    assert {name for name in vocabulary if name.split(".")[0] in PACKAGES} == set()

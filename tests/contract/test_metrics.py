@@ -26,8 +26,8 @@ def test_all_metrics_holds_design_section_7_names_only() -> None:
 
 
 def test_learner_rule_is_the_one_it_used_before_the_table() -> None:
-    # learner.step / learner.distributed chose by suffix: min for *ratio_min, max for
-    # *ratio_max, mean for everything else; the table must give the same for what they combine.
+    # learner.runtime.step / learner.runtime.distributed chose by suffix: min for *ratio_min, max
+    # for *ratio_max, mean for everything else; the table must give the same for what they combine.
     for name in M.ALL_METRICS:
         if name.startswith(("policy/", "value/")):
             old = (

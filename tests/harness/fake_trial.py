@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 

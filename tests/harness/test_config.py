@@ -73,6 +73,18 @@ def test_literal_field_rejects_unknown_choice(tmp_path: Path) -> None:
         load_config(write(tmp_path, "arms:\n  - {name: x, objective: dpo}\n"))
 
 
+def test_a_setting_the_arms_objective_does_not_read_is_named(tmp_path: Path) -> None:
+    """Arms are typed per objective: GSPO's aggregation is fixed, so `agg` is an error naming
+    the field, the reason and the objectives that take it (it used to pass silently)."""
+    arms = "arms:\n  - {name: g, objective: gspo, agg: token-mean}\n"
+    with pytest.raises(ConfigError) as raised:
+        load_config(write(tmp_path, arms))
+    assert "arms.0: Value error, arm 'g' (gspo) does not read agg (" in str(raised.value)
+    assert "only grpo arms take it): remove it" in str(raised.value)
+    with pytest.raises(ConfigError, match=r"arms\.0\.eps_low: Input should be less than 1"):
+        load_config(write(tmp_path, "arms:\n  - {name: p, objective: ppo, eps_low: 2}\n"))
+
+
 def test_cross_field_check_says_how_to_fix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="minibatches"):
         load_config(

@@ -28,7 +28,7 @@ from harness.experiment.grid import expand_trials
 from harness.experiment.progress import MetricsTail
 from harness.experiment.run import run_experiment
 from harness.experiment.scheduler import TrialPool, exit_status, trial_command
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 
 FAKE_TRIAL = Path(__file__).with_name("fake_trial.py")

@@ -22,7 +22,7 @@ import pytest
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from contract.trial import RESUMABLE_STATUSES
-from learner.metrics_log import GroupLedger
+from learner.runtime.metrics_log import GroupLedger
 from tests.harness.trial_helpers import (
     REPO,
     assert_same_metrics,

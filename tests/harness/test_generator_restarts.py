@@ -12,7 +12,7 @@ import torch
 from buffer.tickets import DEFAULT_LEASE_S
 from harness.trial.generator_main import FAULT_CRASH_FILE_ENV
 from harness.trial.processes import RestartBudget
-from learner.checkpoint import CheckpointStore
+from learner.runtime.checkpoint import CheckpointStore
 from tests.buffer.file_modes import assert_private
 from tests.harness.trial_helpers import REPO, metrics, status, trial_command
 

@@ -28,7 +28,7 @@ from harness.generators import (
 from harness.generators.sampling import max_logprob_gap
 from harness.generators.torch_backend import TorchGenerator
 from harness.models.tokenizer import EOS_ID, PAD_ID
-from learner.sampling_dist import processed_logprobs
+from learner.algorithms.sampling_dist import processed_logprobs
 from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 TOL = 1e-4  # float32 engine vs float32 recompute: observed gaps are ~1e-5

@@ -23,10 +23,11 @@ from contract import metrics as M
 from harness.config import GenerationConfig
 from harness.generators import Generator, GenRequest, SamplingSettings, make_generator, sample_seed
 from harness.models.tokenizer import PAD_ID
-from learner.config import ArmConfig, LearnerConfig, Objective
-from learner.forward import policy_logprobs, scoring
-from learner.models import build_step_models
-from learner.step import train_on_batch
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.forward import policy_logprobs, scoring
+from learner.runtime.models import build_step_models
+from learner.runtime.step import train_on_batch
+from learner.vocabulary import Objective
 from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 GROUP_SIZE = 4
@@ -86,7 +87,7 @@ def first_update_metrics(
     model_dir: Path, batch: RolloutBatch, objective: str, sampling: SamplingSettings
 ) -> dict[str, float]:
     """Metrics of a one-minibatch step on `batch` from the generator's own weights."""
-    arm = ArmConfig(name=objective, objective=objective)
+    arm = make_arm(name=objective, objective=objective)
     cfg = LearnerConfig(prompts_per_step=len(PROMPTS), minibatches=1, old_logprobs="behavior")
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     result = train_on_batch(
@@ -135,7 +136,7 @@ def test_plain_softmax_would_not_match(
     are off by more than 0.01 nats somewhere, a thousand times the tolerance."""
     batch = generated_batch(torch_generator, sampling)
     model = build_step_models(
-        model_dir, ArmConfig(name="grpo", objective="grpo"), LearnerConfig(), 1
+        model_dir, make_arm(name="grpo", objective="grpo"), LearnerConfig(), 1
     ).policy.module
     with scoring(model):
         plain, _ = policy_logprobs(model, batch.input_ids, batch.attention_mask)

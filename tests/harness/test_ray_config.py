@@ -13,10 +13,11 @@ import pytest
 from harness.cli import executor_overrides
 from harness.config import ConfigError, load_config
 from harness.config_sections import ComponentResources
-from harness.experiment.ray_executor import RayTrialPool, open_pool
+from harness.executors import open_pool
+from harness.executors.ray import RayTrialPool
+from harness.executors.ray_components import RayLauncher, bundle_index
 from harness.experiment.scheduler import TrialPool
 from harness.signals import SignalLatch
-from harness.trial.ray_components import RayLauncher, bundle_index
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "configs/quickstart.yaml"

@@ -32,7 +32,7 @@ from harness.config import load_config, load_config_data
 from harness.experiment.run import run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 from tests.harness.trial_helpers import REPO, SMALL_FIXED, assert_same_metrics, process_alive
 from tests.s3 import S3Server
 

@@ -15,7 +15,7 @@ from harness.models.tokenizer import build_char_tokenizer, encode_prompt
 from harness.tasks.base import Prompt
 from harness.tasks.factory import make_rendered_task, make_task
 from harness.tasks.rendering import PromptRenderer
-from harness.trial.supervisor import prompt_table
+from harness.trial.prepare import prompt_table
 from tests.harness.chat_tokenizer import IM_START, build_chat_tokenizer
 
 CHAT = [

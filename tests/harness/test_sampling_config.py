@@ -1,8 +1,8 @@
 """Sampling settings: validated where the config is read, and handed to the learner (issue 13).
 
-The learner reproduces temperature, top-k and top-p (`learner.sampling_dist`); any other option
-that changes the sampled distribution is refused by name, and temperatures vLLM would silently
-change are refused too.
+The learner reproduces temperature, top-k and top-p (`learner.algorithms.sampling_dist`); any other
+option that changes the sampled distribution is refused by name, and temperatures vLLM would
+silently change are refused too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contract.layout import TrialPaths
 from contract.trial import TrialSpec
 from harness.config import ConfigError, GenerationConfig, validate_config
 from harness.trial.learner_main import learner_task
-from learner.sampling_dist import SamplingSettings
+from learner.algorithms.sampling_dist import SamplingSettings
 from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 

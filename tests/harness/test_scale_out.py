@@ -18,7 +18,7 @@ import pytest
 
 from buffer.server import EmbeddedRedis
 from buffer.streams import Telemetry, connect
-from learner.metrics_log import GroupLedger
+from learner.runtime.metrics_log import GroupLedger
 from tests.harness.trial_helpers import REPO, SMALL
 
 STEPS, PROMPTS_PER_STEP = 6, 4

@@ -23,7 +23,7 @@ from harness.experiment.trial_runs import (
     metric_batches,
     prompt_set_digest,
 )
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 
 STEPS = 5

@@ -18,8 +18,8 @@ from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from harness.experiment.grid import PlannedTrial, classify_trial
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
-from learner.checkpoint import CheckpointStore
-from learner.metrics_log import GroupLedger
+from learner.runtime.checkpoint import CheckpointStore
+from learner.runtime.metrics_log import GroupLedger
 from tests.harness.trial_helpers import (
     REPO,
     assert_same_metrics,

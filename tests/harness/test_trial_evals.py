@@ -16,7 +16,7 @@ from contract.layout import PARENT_TAG
 from harness.config import load_config
 from harness.experiment.grid import classify_trials, expand_trials
 from harness.experiment.tracking import MlflowTracker
-from learner.evals_log import EvalsLog
+from learner.runtime.evals_log import EvalsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 from tests.harness.trial_helpers import REPO, deterministic_columns, metrics, run_trial
 

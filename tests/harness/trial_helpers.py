@@ -13,7 +13,7 @@ import pandas as pd
 
 from contract import metrics as M
 from contract.record import read_trial_record
-from learner.metrics_log import MetricsLog
+from learner.runtime.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[2]
 

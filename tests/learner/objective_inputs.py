@@ -11,8 +11,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from learner.arms import ObjectiveOptions, arm_spec
-from learner.objectives import PolicyLoss
+from learner.algorithms.objectives import POLICY_LOSSES, PolicyLoss
+from learner.algorithms.options import ObjectiveOptions
+from learner.config import default_options
 
 STAT_KEYS = {"loss", "clip_frac", "clip_frac_seq", "clip_frac_low", "clip_frac_high", "kl_old"}
 STAT_KEYS |= {"ratio_mean", "ratio_min", "ratio_max", "ratio_seq_mean", "ratio_token_mean"}
@@ -25,12 +26,12 @@ LENGTHS = [3, 1, 4]
 
 def loss_of(name: str) -> PolicyLoss:
     """The registered loss of an objective."""
-    return arm_spec(name).loss
+    return POLICY_LOSSES[name]
 
 
 def opts(name: str, **overrides: object) -> ObjectiveOptions:
     """The objective's default options (registry clip range and aggregation), overridden."""
-    return replace(arm_spec(name).default_options(), **overrides)
+    return replace(default_options(name), **overrides)
 
 
 def layout(

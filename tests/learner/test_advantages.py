@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from learner.advantages import gae, group_advantages, terminal_token_rewards, whiten
+from learner.algorithms.advantages import gae, group_advantages, terminal_token_rewards, whiten
 
 
 def test_group_advantages_std_uses_population_std() -> None:

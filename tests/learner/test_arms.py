@@ -1,5 +1,6 @@
-"""The arm registry: every objective registered, its declared behaviour, options built from the
-config, and the warning for arms that train one objective."""
+"""Arms as typed variants: every objective has a model, its declared behaviour, options built
+from the config, settings it does not read refused by name, and the warning for arms that train
+one objective."""
 
 from __future__ import annotations
 
@@ -11,22 +12,28 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from pydantic import ValidationError
 
-from learner import objectives
-from learner.arms import ARMS, Objective, ObjectiveOptions, arm_spec, objective_options
+from learner.algorithms import objectives
+from learner.algorithms.masking import LOSS_AGGREGATIONS
+from learner.algorithms.objectives import POLICY_LOSSES
+from learner.algorithms.options import ObjectiveOptions
 from learner.config import (
-    ArmConfig,
+    ARM_MODELS,
     EquivalentArmsWarning,
     LearnerConfig,
+    arm_model,
+    default_options,
+    make_arm,
     warn_equivalent_arms,
     warn_single_update,
 )
-from learner.masking import LOSS_AGGREGATIONS
-from learner.step import loss_units
+from learner.runtime.step import loss_units
+from learner.vocabulary import Objective
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# objective: (advantages, critic, default clip, loss units under each agg of ArmConfig)
+# objective: (advantages, critic, default clip, loss units under each agg it takes)
 DECLARED = {
     "gspo": ("group", False, (3e-4, 4e-4), {"sequences"}),
     "gspo_token": ("group", False, (3e-4, 4e-4), {"sequences"}),
@@ -36,77 +43,101 @@ DECLARED = {
 
 
 def test_every_objective_is_registered_under_its_name() -> None:
-    assert set(ARMS) == set(get_args(Objective)) == set(DECLARED)
-    for name, spec in ARMS.items():
-        assert spec.objective == name
-        assert spec.loss is getattr(objectives, f"{name}_loss")
+    assert set(ARM_MODELS) == set(get_args(Objective)) == set(DECLARED) == set(POLICY_LOSSES)
+    for name, model in ARM_MODELS.items():
+        assert make_arm(name="a", objective=name).objective == name
+        assert type(make_arm(name="a", objective=name)) is model
+        assert POLICY_LOSSES[name] is getattr(objectives, f"{name}_loss")
 
 
 @pytest.mark.parametrize("name", sorted(DECLARED))
 def test_declared_properties(name: str) -> None:
     advantages, critic, clip, units = DECLARED[name]
-    spec = arm_spec(name)
-    assert (spec.advantages, spec.needs_value_model, spec.default_clip) == (
+    spec = arm_model(name)
+    assert (spec.advantages, spec.needs_value_model, spec.default_clip()) == (
         advantages,
         critic,
         clip,
     )
-    assert {spec.loss_units(agg) for agg in LOSS_AGGREGATIONS} == units
+    takes_agg = "agg" in spec.model_fields
+    aggs = LOSS_AGGREGATIONS if takes_agg else [None]
+    arms = [make_arm(name="a", objective=name, **({"agg": a} if a else {})) for a in aggs]
+    assert {arm.loss_units for arm in arms} == units
     # Only GRPO lets the arm choose its aggregation; the others declare theirs.
-    assert ("agg" in spec.options) == (spec.aggregation is None) == (name == "grpo")
-    arm = ArmConfig(name="a", objective=name)
+    assert takes_agg == (spec.fixed_aggregation is None) == (name == "grpo")
+    arm = make_arm(name="a", objective=name)
     assert (arm.eps_low, arm.eps_high) == clip  # the one declaration of the defaults
 
 
 def test_loss_units_per_aggregation() -> None:
-    assert loss_units(ArmConfig(name="a", objective="grpo", agg="token-mean")) == "tokens"
-    assert loss_units(ArmConfig(name="a", objective="grpo")) == "sequences"
-    dr_grpo = ArmConfig(name="a", objective="grpo", agg="seq-mean-token-sum-norm")
+    assert loss_units(make_arm(name="a", objective="grpo", agg="token-mean")) == "tokens"
+    assert loss_units(make_arm(name="a", objective="grpo")) == "sequences"
+    dr_grpo = make_arm(name="a", objective="grpo", agg="seq-mean-token-sum-norm")
     assert loss_units(dr_grpo) == "sequences"
-    # agg has no effect on GSPO (a mean over sequences) nor on PPO (a token mean).
-    assert loss_units(ArmConfig(name="a", objective="gspo", agg="token-mean")) == "sequences"
-    assert loss_units(ArmConfig(name="a", objective="ppo")) == "tokens"
+    # GSPO is a mean over sequences, PPO a token mean: both fixed (agg is refused, below).
+    assert loss_units(make_arm(name="a", objective="gspo")) == "sequences"
+    assert loss_units(make_arm(name="a", objective="ppo")) == "tokens"
 
 
 def test_unknown_objective_names_the_registered_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown objective 'dpo'.*gspo_token"):
-        arm_spec("dpo")
+        arm_model("dpo")
+    with pytest.raises(ValidationError, match=r"'dpo'.*'gspo_token'"):
+        make_arm(name="a", objective="dpo")
 
 
 def test_options_are_built_once_from_the_arm() -> None:
-    arm = ArmConfig(
+    arm = make_arm(
         name="a", objective="grpo", eps_high=0.28, agg="seq-mean-token-sum-norm", beta=0.1,
         kl_estimator="k2",
     )  # fmt: skip
-    assert objective_options(arm, max_len=16) == ObjectiveOptions(
+    assert arm.objective_options(max_len=16) == ObjectiveOptions(
         eps_low=0.2, eps_high=0.28, agg="seq-mean-token-sum-norm", max_len=16, beta=0.1,
         kl_estimator="k2",
     )  # fmt: skip
-    assert objective_options(ArmConfig(name="p", objective="ppo"), max_len=16) == ObjectiveOptions(
+    ppo = make_arm(name="p", objective="ppo")
+    assert ppo.objective_options(max_len=16) == ObjectiveOptions(
         eps_low=0.2, eps_high=0.2, agg="token-mean"
     )
 
 
 @pytest.mark.parametrize("name", sorted(DECLARED))
-def test_settings_an_objective_does_not_take_change_nothing(name: str) -> None:
-    spec = arm_spec(name)
-    base = objective_options(ArmConfig(name="a", objective=name), max_len=16)
-    assert base == spec.default_options(max_len=16)
-    other = objective_options(ArmConfig(name="a", objective=name, agg="token-mean"), max_len=32)
-    if "agg" in spec.options:
+def test_settings_an_objective_does_not_take_are_refused_by_name(name: str) -> None:
+    base = make_arm(name="a", objective=name).objective_options(max_len=16)
+    assert base == default_options(name, max_len=16)
+    if "agg" in arm_model(name).model_fields:
+        other = make_arm(name="a", objective=name, agg="token-mean").objective_options(32)
         assert (other.agg, other.max_len) == ("token-mean", 32)
-    else:
-        assert other == base
+    else:  # an ignored setting would pass silently: it is an error naming it and its readers
+        with pytest.raises(ValidationError, match=r"does not read agg \(.*only grpo arms take"):
+            make_arm(name="a", objective=name, agg="token-mean")
+
+
+def test_unread_settings_name_the_objectives_that_read_them() -> None:
+    with pytest.raises(ValidationError, match=r"arm 'p' \(ppo\) does not read adv_norm \(PPO's"):
+        make_arm(name="p", objective="ppo", adv_norm="mean_only")
+    with pytest.raises(ValidationError, match=r"eps_lo \(not a setting of any arm\).*eps_low"):
+        make_arm(name="g", objective="gspo", eps_lo=0.1)
+    # The shared settings stay valid on every arm.
+    for name in DECLARED:
+        make_arm(name="a", objective=name, beta=0.1, correction="tis_seq", routing_replay="old")
+
+
+def test_shipped_configs_validate() -> None:
+    from harness.config import load_config
+
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        assert load_config(path).arms, path
 
 
 def test_options_are_frozen() -> None:
-    options = arm_spec("gspo").default_options()
+    options = default_options("gspo")
     with pytest.raises(AttributeError):
         options.eps_low = 0.1  # type: ignore[misc]
 
 
 def test_gspo_and_gspo_token_arms_warn_that_they_train_one_objective() -> None:
-    arms = [ArmConfig(name="g", objective="gspo"), ArmConfig(name="t", objective="gspo_token")]
+    arms = [make_arm(name="g", objective="gspo"), make_arm(name="t", objective="gspo_token")]
     with pytest.warns(EquivalentArmsWarning, match=r"'g' \(gspo\) and 't' \(gspo_token\)"):
         messages = warn_equivalent_arms(arms, LearnerConfig())
     assert len(messages) == 1
@@ -114,7 +145,7 @@ def test_gspo_and_gspo_token_arms_warn_that_they_train_one_objective() -> None:
         warnings.simplefilter("error")  # no warning in the cases below
         # Per-token IS weights (recompute) give GSPO-token its own gradient.
         assert warn_equivalent_arms(arms, LearnerConfig(old_logprobs="recompute")) == []
-        alone = [ArmConfig(name="t", objective="gspo_token"), ArmConfig(name="r", objective="grpo")]
+        alone = [make_arm(name="t", objective="gspo_token"), make_arm(name="r", objective="grpo")]
         assert warn_equivalent_arms(alone, LearnerConfig()) == []
 
 
@@ -127,9 +158,9 @@ def test_experiment_config_validation_warns() -> None:
 
 
 def test_config_loading_does_not_import_torch() -> None:
-    """The registry is torch-free; losses load on first use of `ArmSpec.loss`."""
+    """The arm models are torch-free; the losses live in `learner.algorithms.objectives`."""
     code = (
-        "import sys, learner.config as c; c.ArmConfig(name='a', objective='gspo'); "
+        "import sys, learner.config as c; c.make_arm(name='a', objective='gspo'); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)
@@ -150,8 +181,8 @@ def test_no_objective_name_branches_outside_the_registry() -> None:
 
 def test_one_update_per_step_with_a_recomputed_pi_old_warns_that_ratios_are_one() -> None:
     arms = [
-        ArmConfig(name="tok", objective="gspo_token", correction="decoupled"),
-        ArmConfig(name="grpo", objective="grpo", correction="icepop"),
+        make_arm(name="tok", objective="gspo_token", correction="decoupled"),
+        make_arm(name="grpo", objective="grpo", correction="icepop"),
     ]
     with pytest.warns(EquivalentArmsWarning, match=r"'tok' \(gspo_token\), 'grpo' \(grpo\)"):
         assert len(warn_single_update(arms, LearnerConfig(minibatches=1))) == 1
@@ -161,6 +192,6 @@ def test_one_update_per_step_with_a_recomputed_pi_old_warns_that_ratios_are_one(
         assert warn_single_update(arms, LearnerConfig(ppo_epochs=2)) == []
         naive = [arm.model_copy(update={"correction": "naive"}) for arm in arms]
         assert warn_single_update(naive, LearnerConfig()) == []  # pi_old = mu: ratios move
-        dapo = [arms[0], ArmConfig(name="dapo", objective="grpo", agg="token-mean")]
+        dapo = [arms[0], make_arm(name="dapo", objective="grpo", agg="token-mean")]
         assert warn_single_update(dapo, LearnerConfig()) == []  # token-mean weighs differently
         assert warn_single_update(arms[:1], LearnerConfig()) == []  # nothing to compare

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from learner.checkpoint import CheckpointStore, TrainingState
-from learner.schedule import lr_multiplier
+from learner.runtime.checkpoint import CheckpointStore, TrainingState
+from learner.runtime.schedule import lr_multiplier
 
 
 def _modules(seed: int):

@@ -1,5 +1,5 @@
-"""Off-policy corrections (learner.corrections): hand-worked weights, masks at their thresholds,
-ESS, and what they change in a real learner step."""
+"""Off-policy corrections (learner.algorithms.corrections): hand-worked weights, masks at their
+thresholds, ESS, and what they change in a real learner step."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ import torch
 
 from buffer.collate import collate
 from contract import metrics as M
-from learner.config import ArmConfig, EquivalentArmsWarning, LearnerConfig, warn_equivalent_arms
-from learner.correction_spec import CORRECTIONS, correction_spec
-from learner.corrections import correction_weights
-from learner.forward import policy_logprobs, scoring
-from learner.models import build_step_models
-from learner.step import train_on_batch
+from learner.algorithms.correction_spec import CORRECTIONS, correction_spec
+from learner.algorithms.corrections import correction_weights
+from learner.config import (
+    ArmBase,
+    EquivalentArmsWarning,
+    LearnerConfig,
+    make_arm,
+    warn_equivalent_arms,
+)
+from learner.runtime.forward import policy_logprobs, scoring
+from learner.runtime.models import build_step_models
+from learner.runtime.step import train_on_batch
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 # Two sequences: row 0 has three response tokens with rho = [2, 0.5, 4], row 1 two with
@@ -116,14 +122,14 @@ def test_identical_policies_give_weight_one_no_mask_and_full_ess(kind: str) -> N
 
 def test_bounds_are_validated_and_defaults_follow_learner_old_logprobs() -> None:
     with pytest.raises(ValueError, match="correction_cap/correction_low without a correction"):
-        ArmConfig(name="a", objective="grpo", correction_cap=2.0)
+        make_arm(name="a", objective="grpo", correction_cap=2.0)
     with pytest.raises(ValueError, match="low < cap"):
-        ArmConfig(name="a", objective="grpo", correction="icepop", correction_low=6.0)
-    plain = ArmConfig(name="a", objective="grpo")
+        make_arm(name="a", objective="grpo", correction="icepop", correction_low=6.0)
+    plain = make_arm(name="a", objective="grpo")
     assert plain.correction_for(LearnerConfig()).kind == "naive"
     recompute = plain.correction_for(LearnerConfig(old_logprobs="recompute", is_cap=3.0))
     assert (recompute.kind, recompute.cap) == ("tis_token", 3.0)
-    own = ArmConfig(name="a", objective="grpo", correction="mis_geo", correction_cap=1.5)
+    own = make_arm(name="a", objective="grpo", correction="mis_geo", correction_cap=1.5)
     assert own.correction_for(LearnerConfig(old_logprobs="recompute")) == correction_spec(
         "mis_geo", 1.5, 0.5
     )
@@ -132,10 +138,10 @@ def test_bounds_are_validated_and_defaults_follow_learner_old_logprobs() -> None
 def test_gspo_token_equals_gspo_under_sequence_level_corrections_only() -> None:
     learner = LearnerConfig()
 
-    def arms(correction: str) -> list[ArmConfig]:
+    def arms(correction: str) -> list[ArmBase]:
         return [
-            ArmConfig(name="g", objective="gspo", correction=correction),
-            ArmConfig(name="gt", objective="gspo_token", correction=correction),
+            make_arm(name="g", objective="gspo", correction=correction),
+            make_arm(name="gt", objective="gspo_token", correction=correction),
         ]
 
     with warnings.catch_warnings():
@@ -149,7 +155,7 @@ GROUP_SIZE = 4
 
 
 def _step(tmp_path, correction: str, batch):
-    arm = ArmConfig(name=correction, objective="grpo", correction=correction)
+    arm = make_arm(name=correction, objective="grpo", correction=correction)
     cfg = LearnerConfig(prompts_per_step=2, minibatches=2, lr=1e-2)
     torch.manual_seed(0)
     models = build_step_models(save_tiny_policy(tmp_path / correction), arm, cfg, total_steps=1)
@@ -162,7 +168,7 @@ def _step(tmp_path, correction: str, batch):
 def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(tmp_path) -> None:
     model_dir = save_tiny_policy(tmp_path / "scorer")
     scorer = build_step_models(
-        model_dir, ArmConfig(name="s", objective="grpo"), LearnerConfig(prompts_per_step=2), 1
+        model_dir, make_arm(name="s", objective="grpo"), LearnerConfig(prompts_per_step=2), 1
     ).policy.module
     batch = collate(random_groups(2, GROUP_SIZE, seed=5), pad_id=0)
     with scoring(scorer):

@@ -18,27 +18,27 @@ import torch
 import torch.multiprocessing as mp
 
 from buffer.collate import RolloutBatch, collate
-from learner.config import ArmConfig, LearnerConfig
-from learner.distributed import (
+from learner.config import ArmBase, LearnerConfig, make_arm
+from learner.runtime.distributed import (
     DistContext,
     broadcast_batch,
     init_distributed,
     shutdown,
     unwrap,
 )
-from learner.models import build_step_models, wrap_ddp
-from learner.step import check_group_split, loss_units, train_on_batch
+from learner.runtime.models import build_step_models, wrap_ddp
+from learner.runtime.step import check_group_split, loss_units, train_on_batch
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 GROUP_SIZE, N_GROUPS, WORLD = 4, 4, 2
 CASES = ("grpo_seq_mean", "grpo_dapo", "ppo")
 
 
-def _case(name: str) -> tuple[ArmConfig, LearnerConfig]:
+def _case(name: str) -> tuple[ArmBase, LearnerConfig]:
     arm = {
-        "grpo_seq_mean": ArmConfig(name="g", objective="grpo", agg="seq-mean-token-mean"),
-        "grpo_dapo": ArmConfig(name="d", objective="grpo", agg="token-mean", eps_high=0.28),
-        "ppo": ArmConfig(name="p", objective="ppo"),
+        "grpo_seq_mean": make_arm(name="g", objective="grpo", agg="seq-mean-token-mean"),
+        "grpo_dapo": make_arm(name="d", objective="grpo", agg="token-mean", eps_high=0.28),
+        "ppo": make_arm(name="p", objective="ppo"),
     }[name]
     # 4 groups in 2 minibatches of 2 groups: one group per rank per minibatch; 2 epochs, so the
     # second pass runs on weights both ranks updated identically.
@@ -164,13 +164,13 @@ def test_minibatch_groups_must_divide_by_world_size(tmp_path) -> None:
 
 
 def test_loss_units_per_arm() -> None:
-    assert loss_units(ArmConfig(name="a", objective="gspo")) == "sequences"
-    assert loss_units(ArmConfig(name="a", objective="gspo_token")) == "sequences"
-    assert loss_units(ArmConfig(name="a", objective="grpo")) == "sequences"
-    dr_grpo = ArmConfig(name="a", objective="grpo", agg="seq-mean-token-sum-norm")
+    assert loss_units(make_arm(name="a", objective="gspo")) == "sequences"
+    assert loss_units(make_arm(name="a", objective="gspo_token")) == "sequences"
+    assert loss_units(make_arm(name="a", objective="grpo")) == "sequences"
+    dr_grpo = make_arm(name="a", objective="grpo", agg="seq-mean-token-sum-norm")
     assert loss_units(dr_grpo) == "sequences"
-    assert loss_units(ArmConfig(name="a", objective="grpo", agg="token-mean")) == "tokens"
-    assert loss_units(ArmConfig(name="a", objective="ppo")) == "tokens"
+    assert loss_units(make_arm(name="a", objective="grpo", agg="token-mean")) == "tokens"
+    assert loss_units(make_arm(name="a", objective="ppo")) == "tokens"
 
 
 @pytest.mark.slow
@@ -181,7 +181,7 @@ def test_torchrun_learner_two_ranks_smoke(tmp_path: Path) -> None:
     import sys
 
     from buffer.server import EmbeddedRedis
-    from learner.metrics_log import GroupLedger
+    from learner.runtime.metrics_log import GroupLedger
     from tests.harness.trial_helpers import REPO, SMALL
 
     steps, out = 2, tmp_path / "trial"

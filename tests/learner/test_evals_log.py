@@ -10,7 +10,7 @@ import pytest
 
 from contract import evals as E
 from contract.evals import EvalSetScore
-from learner.evals_log import EvalsLog
+from learner.runtime.evals_log import EvalsLog
 
 
 def scores(step: int) -> list[EvalSetScore]:

@@ -7,8 +7,8 @@ import math
 import torch
 
 from buffer.collate import collate
-from learner.forward import policy_logprobs, scoring, token_logprobs_from_logits
-from learner.sampling_dist import LOGPROB_FLOOR, SamplingSettings
+from learner.algorithms.sampling_dist import LOGPROB_FLOOR, SamplingSettings
+from learner.runtime.forward import policy_logprobs, scoring, token_logprobs_from_logits
 from tests.learner.tiny import random_groups, tiny_policy
 
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from learner.kl import kl, kl_from_log_ratio
-from learner.masking import masked_mean, masked_sum, masked_var
+from learner.algorithms.kl import kl, kl_from_log_ratio
+from learner.algorithms.masking import masked_mean, masked_sum, masked_var
 
 LN2 = math.log(2.0)
 

@@ -1,5 +1,5 @@
 """The learner loop on a real redis-server: forged and poison groups go to the dead letter with
-their reasons, and training goes on (learner.intake)."""
+their reasons, and training goes on (learner.runtime.intake)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from buffer.telemetry import Telemetry
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
 from contract.trial import TrialStatus
-from learner.config import ArmConfig, LearnerConfig
-from learner.loop import LearnerTask, run_learner
-from learner.metrics_log import GroupLedger
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.loop import LearnerTask, run_learner
+from learner.runtime.metrics_log import GroupLedger
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 RUN, SEED, PER_STEP, GROUP_SIZE = "intake-run", 7, 2, 4
@@ -54,7 +54,7 @@ def test_forged_and_poison_groups_are_dead_lettered_and_training_goes_on(
                 group = dataclasses.replace(group, response_ids=[response, *group.response_ids[1:]])
             buffer.push(group, batch_index=batch)
     task = LearnerTask(
-        arm=ArmConfig(name="grpo", objective="grpo"),
+        arm=make_arm(name="grpo", objective="grpo"),
         learner=LearnerConfig(steps=2, prompts_per_step=PER_STEP, checkpoint_every=1),
         mode="fixed",
         lag=0,

@@ -17,10 +17,10 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 
 from buffer.collate import RolloutBatch, collate
 from contract import metrics as M
-from learner.config import ArmConfig, LearnerConfig
-from learner.forward import policy_logprobs
-from learner.models import build_step_models
-from learner.moe import (
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.forward import policy_logprobs
+from learner.runtime.models import build_step_models
+from learner.runtime.moe import (
     Routing,
     StepRouting,
     capture_routing,
@@ -33,7 +33,7 @@ from learner.moe import (
     routing_change_per_layer,
     routing_metrics,
 )
-from learner.step import train_on_batch
+from learner.runtime.step import train_on_batch
 from tests.learner.test_step import GROUP_SIZE
 from tests.learner.tiny import VOCAB, random_groups, tiny_policy
 from tests.tiny_models import MOE_POLICY, tiny_config, tiny_model
@@ -171,10 +171,10 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 ARMS = {
-    "gspo": ArmConfig(name="gspo", objective="gspo"),
-    "grpo": ArmConfig(name="grpo", objective="grpo"),
-    "grpo_replay": ArmConfig(name="grpo_replay", objective="grpo", routing_replay="old"),
-    "ppo": ArmConfig(name="ppo", objective="ppo"),
+    "gspo": make_arm(name="gspo", objective="gspo"),
+    "grpo": make_arm(name="grpo", objective="grpo"),
+    "grpo_replay": make_arm(name="grpo_replay", objective="grpo", routing_replay="old"),
+    "ppo": make_arm(name="ppo", objective="ppo"),
 }
 
 

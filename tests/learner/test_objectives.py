@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from learner.objectives import grpo_loss, gspo_loss, gspo_token_loss, ppo_loss
+from learner.algorithms.objectives import grpo_loss, gspo_loss, gspo_token_loss, ppo_loss
 from tests.learner.objective_inputs import (
     ADV,
     LENGTHS,

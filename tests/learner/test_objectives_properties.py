@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from learner.objectives import value_loss
+from learner.algorithms.objectives import value_loss
 from tests.learner.objective_inputs import loss_of, opts
 
 # (name, option overrides, whether advantages are per token)

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from learner.objectives import clipped_surrogate
+from learner.algorithms.objectives import clipped_surrogate
 from tests.learner.objective_inputs import (
     NAMES,
     identical_batch,

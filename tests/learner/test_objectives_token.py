@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from learner.objectives import LossAggregation, grpo_loss, gspo_loss, ppo_loss
+from learner.algorithms.objectives import LossAggregation, grpo_loss, gspo_loss, ppo_loss
 from tests.learner.objective_inputs import identical_batch, layout, leaf, opts, response
 
 LN = math.log

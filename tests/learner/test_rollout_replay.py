@@ -29,18 +29,18 @@ from contract import metrics as M
 from harness.config import ConfigError, load_config
 from harness.generators import GenRequest, GenResult
 from harness.generators.torch_backend import TorchGenerator, _cut_routing
-from learner.config import ArmConfig, LearnerConfig
-from learner.forward import policy_logprobs, scoring
-from learner.models import build_step_models
-from learner.moe import (
+from learner.algorithms.sampling_dist import PLAIN
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.forward import policy_logprobs, scoring
+from learner.runtime.models import build_step_models
+from learner.runtime.moe import (
     StepRouting,
     capture_routing,
     predicting_positions,
     replay_experts,
     routing_change_per_layer,
 )
-from learner.sampling_dist import PLAIN
-from learner.step import train_on_batch
+from learner.runtime.step import train_on_batch
 from tests.harness.test_generators_torch import TOL, load_reference, requests_for
 from tests.tiny_models import CHAR_DENSE, CHAR_MOE, save_tiny_model_dir
 
@@ -204,7 +204,7 @@ def test_replay_matters_when_the_router_has_moved(model_dir: Path, batch: Rollou
 
 
 def test_r3_arm_trains(model_dir: Path, batch: RolloutBatch) -> None:
-    arm = ArmConfig(name="grpo_r3", objective="grpo", routing_replay="rollout")
+    arm = make_arm(name="grpo_r3", objective="grpo", routing_replay="rollout")
     cfg = LearnerConfig(prompts_per_step=3, minibatches=2, lr=1e-2, old_logprobs="recompute")
     models = build_step_models(model_dir, arm, cfg, total_steps=2)
     first = train_on_batch(

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from learner.sampling_dist import (
+from learner.algorithms.sampling_dist import (
     PLAIN,
     SamplingSettings,
     processed_logits,

@@ -9,11 +9,10 @@ import torch
 
 from buffer.collate import collate
 from contract import metrics as M
-from learner.arms import arm_spec
-from learner.config import ArmConfig, LearnerConfig
-from learner.forward import policy_logprobs
-from learner.models import build_step_models
-from learner.step import DivergenceError, compute_advantages, train_on_batch
+from learner.config import LearnerConfig, arm_model, make_arm
+from learner.runtime.forward import policy_logprobs
+from learner.runtime.models import build_step_models
+from learner.runtime.step import DivergenceError, compute_advantages, train_on_batch
 from tests.learner.tiny import random_groups, save_tiny_policy, tiny_policy
 
 GROUP_SIZE = 4
@@ -34,7 +33,7 @@ def on_policy_groups(model, n_groups: int):
 @pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "ppo"])
 def test_one_step_per_arm(tmp_path, objective: str) -> None:
     model_dir = save_tiny_policy(tmp_path / "model")
-    arm = ArmConfig(name=objective, objective=objective)
+    arm = make_arm(name=objective, objective=objective)
     cfg = LearnerConfig(prompts_per_step=4, minibatches=2, lr=1e-2, old_logprobs="recompute")
     models = build_step_models(model_dir, arm, cfg, total_steps=3)
     before = [p.detach().clone() for p in models.policy.module.parameters()]
@@ -49,7 +48,7 @@ def test_one_step_per_arm(tmp_path, objective: str) -> None:
     assert len(result.grad_norms) == 2  # ppo_epochs 1 x minibatches 2
     # The first minibatch starts at ratio exactly 1 (pi_old recomputed with the same weights).
     assert m["policy/ratio_min"] <= 1.0 <= m["policy/ratio_max"]
-    # Every arm logs both objective-independent ratio means (learner.objectives.stats).
+    # Every arm logs both objective-independent ratio means (learner.algorithms.objectives.stats).
     assert {M.POLICY_RATIO_SEQ_MEAN, M.POLICY_RATIO_TOKEN_MEAN} <= set(m)
     # Behaviour logprobs came from the same weights: engine mismatch ~ 0, IS weights ~ 1.
     assert m["mismatch/kl_behavior"] < 1e-6
@@ -65,7 +64,7 @@ def test_one_step_per_arm(tmp_path, objective: str) -> None:
 
 def test_non_finite_loss_is_a_divergence(tmp_path) -> None:
     model_dir = save_tiny_policy(tmp_path / "model")
-    arm = ArmConfig(name="grpo", objective="grpo")
+    arm = make_arm(name="grpo", objective="grpo")
     cfg = LearnerConfig(prompts_per_step=2)
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     with torch.no_grad():
@@ -79,7 +78,7 @@ def test_non_finite_loss_is_a_divergence(tmp_path) -> None:
 
 def test_stale_rows_are_left_out_of_engine_mismatch(tmp_path) -> None:
     model_dir = save_tiny_policy(tmp_path / "model")
-    arm = ArmConfig(name="gspo", objective="gspo")
+    arm = make_arm(name="gspo", objective="gspo")
     cfg = LearnerConfig(prompts_per_step=2)
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     batch = collate(random_groups(2, GROUP_SIZE, version=0), pad_id=0)
@@ -92,7 +91,7 @@ def test_stale_rows_are_left_out_of_engine_mismatch(tmp_path) -> None:
 def test_one_on_policy_update_logs_unit_ratios(tmp_path) -> None:
     """One minibatch against a recomputed pi_old: every ratio statistic is 1 (design 6)."""
     model_dir = save_tiny_policy(tmp_path / "model")
-    arm = ArmConfig(name="gspo_token", objective="gspo_token")
+    arm = make_arm(name="gspo_token", objective="gspo_token")
     cfg = LearnerConfig(prompts_per_step=2, old_logprobs="recompute")
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     batch = collate(on_policy_groups(tiny_policy(), 2), pad_id=0)
@@ -106,11 +105,11 @@ def test_one_on_policy_update_logs_unit_ratios(tmp_path) -> None:
 
 @pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "ppo"])
 def test_advantages_follow_the_declared_kind(objective: str) -> None:
-    spec = arm_spec(objective)
+    spec = arm_model(objective)
     batch = collate(random_groups(2, GROUP_SIZE), pad_id=0)
     mask = batch.response_mask
     old_values = torch.zeros(mask.shape) if spec.needs_value_model else None
-    arm = ArmConfig(name=objective, objective=objective)
+    arm = make_arm(name=objective, objective=objective)
     advantages, returns = compute_advantages(arm, batch, GROUP_SIZE, LearnerConfig(), old_values)
     if spec.advantages == "group":  # one per sequence, no critic targets
         assert advantages.shape == batch.rewards.shape and returns is None

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from learner.step_io import StepWriter, weight_snapshot
+from learner.runtime.step_io import StepWriter, weight_snapshot
 
 
 def test_jobs_run_in_submission_order_and_drain_waits_for_them() -> None:

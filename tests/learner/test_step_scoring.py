@@ -19,12 +19,13 @@ from transformers import (
 
 from buffer.collate import collate
 from contract import metrics as M
-from learner.config import ArmConfig, LearnerConfig, Objective
-from learner.dropout import disable_dropout
-from learner.forward import policy_logprobs, scoring
-from learner.models import build_step_models
-from learner.sampling_dist import LOGPROB_FLOOR, SamplingSettings
-from learner.step import train_on_batch
+from learner.algorithms.sampling_dist import LOGPROB_FLOOR, SamplingSettings
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.dropout import disable_dropout
+from learner.runtime.forward import policy_logprobs, scoring
+from learner.runtime.models import build_step_models
+from learner.runtime.step import train_on_batch
+from learner.vocabulary import Objective
 from tests.learner.tiny import random_groups, save_tiny_policy
 from tests.tiny_models import RAW_IDS, TinyArch, tiny_config
 
@@ -90,7 +91,7 @@ def test_dropout_is_off_in_policy_critic_and_reference(tmp_path: Path, arch: str
     raw = AutoModelForCausalLM.from_pretrained(model_dir)
     assert dropout_levels(raw)  # the saved model does have dropout
     assert not dropout_levels(disable_dropout(raw))
-    arm = ArmConfig(name="ppo", objective="ppo", beta=0.1)  # critic and reference too
+    arm = make_arm(name="ppo", objective="ppo", beta=0.1)  # critic and reference too
     models = build_step_models(model_dir, arm, LearnerConfig(prompts_per_step=2), total_steps=1)
     assert models.value is not None and models.reference is not None
     for module in (models.policy.module, models.value.module, models.reference):
@@ -106,7 +107,7 @@ def test_dropout_is_off_in_policy_critic_and_reference(tmp_path: Path, arch: str
 @pytest.mark.parametrize("objective", ["grpo", "ppo"])
 def test_a_model_with_dropout_gives_ratio_one(tmp_path: Path, arch: str, objective: str) -> None:
     model_dir = save_with_dropout(tmp_path / arch, arch)
-    arm = ArmConfig(name=objective, objective=objective)
+    arm = make_arm(name=objective, objective=objective)
     cfg = LearnerConfig(prompts_per_step=2, minibatches=1, old_logprobs="behavior")
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     batch = collate(on_policy_groups(model_dir), pad_id=0)
@@ -121,7 +122,7 @@ def test_only_gradient_passes_run_in_train_mode(tmp_path: Path) -> None:
     """pi_old, the reference, the critic's old values and diagnostics: eval + no_grad; the
     minibatch passes of policy and critic: train mode with gradients."""
     model_dir = save_tiny_policy(tmp_path / "model")
-    arm = ArmConfig(name="ppo", objective="ppo", beta=0.1)
+    arm = make_arm(name="ppo", objective="ppo", beta=0.1)
     cfg = LearnerConfig(prompts_per_step=2, minibatches=2, old_logprobs="recompute")
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     assert models.value is not None and models.reference is not None
@@ -153,7 +154,7 @@ def test_tokens_outside_the_learner_nucleus_give_no_nan(
     term on; in recompute mode such a token's pi_old is floored as well."""
     model_dir = save_tiny_policy(tmp_path / "model")
     sampling = SamplingSettings(temperature=0.7, top_p=0.3)
-    arm = ArmConfig(name=objective, objective=objective, beta=0.1)
+    arm = make_arm(name=objective, objective=objective, beta=0.1)
     cfg = LearnerConfig(prompts_per_step=2, minibatches=2, lr=1e-2, old_logprobs=old_logprobs)
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
     batch = collate(random_groups(2, GROUP_SIZE, seed=3), pad_id=0)

@@ -1,0 +1,173 @@
+"""Section "Scores": final score and area under the eval curve per (arm, lag), and learning curves.
+
+IQM and mean across seeds with intervals. Per-condition intervals bootstrap seeds; the per-arm
+"all lags" row is the stratified bootstrap of Agarwal et al. 2021 (each lag is a stratum, its
+seeds resampled within it). Learning curves: IQM across seeds at each eval step with a band.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from analysis import figures
+from analysis.config import ReportConfig
+from analysis.curves import aggregate_curves, curve_rows, trial_curves
+from analysis.render import Block
+from analysis.sections.base import Inputs, Page, Part, figure, table
+from analysis.sections.eval_sets import eval_set_count
+from analysis.stats import BootstrapSpec, aggregate_interval, stratified_interval
+from analysis.summary import interval_row
+from analysis.trial_scores import by_condition
+from contract import metrics as mn
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+SCORE_SECTIONS = ("final_score", "auc")
+ALL_LAGS = "all lags (stratified)"
+METHODS = [
+    "Diverged trials (diverged_scores=zero_after, the default) keep their seed in the score "
+    "statistics but are never credited for steps they did not run: from the step after their "
+    "last logged step to the planned step count their pass rate is taken as 0, the floor (the "
+    "policy after a non-finite update is unusable). Final score = 0, since the policy at the "
+    "planned end is the diverged one; AUC = area under the eval curve extended by 0 to the "
+    "planned end (linear from the last eval to the drop), divided by the full planned span, "
+    "as for a completed trial.",
+]
+
+
+def condition_rows(scored: pd.DataFrame, column: str, spec: BootstrapSpec) -> list[dict]:
+    """IQM and mean of `column` across seeds for every (arm, lag)."""
+    rows = []
+    for (arm, lag), values in by_condition(scored, column).items():
+        for aggregate in ("iqm", "mean"):
+            interval = aggregate_interval(values, aggregate, spec)
+            rows.append(interval_row(column, aggregate, interval, arm=arm, lag=lag))
+    return rows
+
+
+def stratified_rows(scored: pd.DataFrame, column: str, spec: BootstrapSpec) -> list[dict]:
+    """Per arm, IQM and mean pooled over lags with lag-stratified intervals (>1 lag only)."""
+    if scored["lag"].nunique() < 2:
+        return []
+    rows = []
+    cells = by_condition(scored, column)
+    for arm in sorted({a for a, _ in cells}):
+        strata = [values for (a, _), values in cells.items() if a == arm]
+        for aggregate in ("iqm", "mean"):
+            interval = stratified_interval(strata, aggregate, spec)
+            rows.append(interval_row(column, aggregate, interval, arm=arm, comparison=ALL_LAGS))
+    return rows
+
+
+def performance_rows(scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
+    """Summary rows of sections `final_score` and `auc`."""
+    rows: list[dict] = []
+    if scored.empty:
+        return rows
+    for column in SCORE_SECTIONS:
+        rows += condition_rows(scored, column, spec)
+        rows += stratified_rows(scored, column, spec)
+    return rows
+
+
+def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
+    """Score tables, and the learning curves (section `learning_curve`, for the figure)."""
+    raw = trial_curves(inputs.experiment.metrics, inputs.scored, mn.EVAL_PASS_RATE)
+    agg = aggregate_curves(raw, inputs.curve_spec)
+    rows = performance_rows(inputs.scored, inputs.spec) + curve_rows(agg, "learning_curve")
+    return Part(rows, {"curves": agg, "seeds": raw})
+
+
+def learning_curves_figure(
+    agg: pd.DataFrame,
+    raw: pd.DataFrame,
+    threshold: float | None = None,
+    colors: dict[str, str] | None = None,
+    confidence: float = 0.95,
+) -> Figure | None:
+    """Eval pass rate vs step: IQM over seeds, bootstrap band, thin seed lines; panel per lag."""
+    if agg.empty:
+        return None
+    colors = colors or figures.arm_colors(list(raw["arm"].unique()) + list(agg["arm"].unique()))
+    lags = sorted(agg["lag"].unique())
+    fig, axes = figures.grid(len(lags))
+    for ax, lag in zip(axes, lags, strict=True):
+        figures.draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
+        if threshold is not None:
+            ax.axhline(threshold, color="grey", ls=":", lw=1)
+        ax.set(title=f"lag {lag}", xlabel="learner step", ylabel="eval pass rate")
+        ax.grid(alpha=0.3)
+    figures.outside_legend(fig, axes)
+    fig.suptitle(
+        f"Learning curves: IQM across seeds, band = {confidence:.0%} bootstrap CI; thin = seeds"
+    )
+    return fig
+
+
+def intervals_figure(
+    summary: pd.DataFrame, colors: dict[str, str] | None = None, confidence: float = 0.95
+) -> Figure | None:
+    """Final score and AUC per (arm, lag): IQM and mean with interval bars."""
+    cells = summary[summary["section"].isin(SCORE_SECTIONS) & summary["lag"].notna()]
+    if cells.empty:
+        return None
+    colors = colors or figures.arm_colors(list(cells["arm"].unique()))
+    height = 0.3 * cells["arm"].nunique() * cells["lag"].nunique() + 1.2
+    fig, axes = figures.grid(4, width=5.0, height=height, max_cols=2)
+    panels = [(s, a) for s in SCORE_SECTIONS for a in ("iqm", "mean")]
+    for ax, (section, aggregate) in zip(axes, panels, strict=True):
+        part = cells[(cells["section"] == section) & (cells["statistic"] == aggregate)]
+        part = part.sort_values(["lag", "arm"])
+        title = f"{section.replace('_', ' ')}: {aggregate.upper()}"
+        figures.interval_panel(ax, part, colors, title)
+    fig.suptitle(f"Scores across seeds with {confidence:.0%} bootstrap CIs")
+    return fig
+
+
+def draw(
+    part: Part, summary: pd.DataFrame, colors: dict[str, str], config: ReportConfig
+) -> dict[str, Figure | None]:
+    agg, raw = part.tables["curves"], part.tables["seeds"]
+    return {
+        "learning_curves": learning_curves_figure(
+            agg, raw, config.pass_threshold, colors, config.confidence
+        ),
+        "final_scores": intervals_figure(summary, colors, config.confidence),
+    }
+
+
+def blocks(page: Page) -> list[Block]:
+    if not page.any_scored:
+        return []
+    summary, figs = page.summary, page.figures
+    several = eval_set_count(summary) > 1
+    scope = (
+        "Primary eval set only (the first; the headline is the aggregate across eval sets above). "
+        if several
+        else ""
+    )
+    return [
+        Block("h2", "Scores on the primary eval set" if several else "Scores"),
+        *table(
+            summary,
+            "final_score",
+            "Final score",
+            f"{scope}IQM and mean across seeds with CI; n = seeds. 'all' rows pool lags with a "
+            "bootstrap stratified by lag (the strata are lags).",
+        ),
+        *table(
+            summary, "auc", "Area under the eval curve", "Mean pass rate over training; n = seeds."
+        ),
+        *figure(
+            figs, "final_scores", "Final score and AUC per arm and lag, IQM and mean with CIs."
+        ),
+        *figure(
+            figs,
+            "learning_curves",
+            "Learning curves: IQM across seeds with bootstrap band, thin lines are seeds; a "
+            "diverged seed drops out after its last eval.",
+        ),
+    ]

@@ -1,0 +1,74 @@
+"""Section "Trials": counts per (arm, lag), and every diverged, incomplete or missing trial."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from analysis.render import Block, wide_table
+from analysis.sections.base import Inputs, Page, Part, no_figures
+from analysis.summary import row
+
+METHODS: list[str] = []
+draw = no_figures
+
+
+def trial_rows(scores: pd.DataFrame) -> list[dict]:
+    """Section `trials`: trials, scored, diverged and seeds per (arm, lag)."""
+    rows = []
+    for (arm, lag), cell in scores.groupby(["arm", "lag"], sort=True):
+        keys = {"arm": str(arm), "lag": int(lag)}
+        rows += [
+            row("trials", "trials", len(cell), n=len(cell), **keys),
+            row("trials", "scored", int(cell["scored"].sum()), n=len(cell), **keys),
+            row("trials", "diverged", int(cell["diverged"].sum()), n=len(cell), **keys),
+            row("trials", "seeds", cell["seed"].nunique(), n=len(cell), **keys),
+        ]
+    return rows
+
+
+def problem_rows(problems: pd.DataFrame) -> list[dict]:
+    """Section `problems`: one row per listed issue (value NaN, the issue in the note)."""
+    rows = []
+    for p in problems.itertuples(index=False):
+        lag = None if pd.isna(p.lag) else int(p.lag)
+        arm = None if p.arm is None or pd.isna(p.arm) else str(p.arm)
+        note = f"{p.status}: {p.problem}"
+        rows.append(
+            row(
+                "problems",
+                "problem",
+                float("nan"),
+                arm=arm,
+                lag=lag,
+                comparison=str(p.trial_name),
+                note=note,
+            )
+        )
+    return rows
+
+
+def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
+    return Part(trial_rows(inputs.scores) + problem_rows(inputs.experiment.problems))
+
+
+def problem_items(problems: pd.DataFrame) -> list[str]:
+    """One line per problem trial: name, what is known of it, and what went wrong."""
+    items = []
+    for p in problems.itertuples(index=False):
+        known = [
+            f"{k} {v}"
+            for k, v in (("arm", p.arm), ("seed", p.seed), ("lag", p.lag))
+            if not pd.isna(v)
+        ]
+        where = f" ({', '.join(known)})" if known else ""
+        items.append(f"{p.trial_name}{where}: {p.problem}")
+    return items
+
+
+def blocks(page: Page) -> list[Block]:
+    return [
+        Block("h2", "Trials"),
+        Block("table", table=wide_table(page.summary, "trials")),
+        Block("h3", "Diverged, incomplete or missing trials"),
+        Block("list", items=problem_items(page.problems)),
+    ]

@@ -1,0 +1,36 @@
+"""Where trials and their components run: `executor.kind` is read here, and only here.
+
+`base` holds the Protocols both executors implement, `local` the subprocess executor, `ray` the
+Ray one (`ray_components`: a trial's components as actors). `open_executor` picks the backend;
+the driver asks the result for its trial pool, the supervisor for its component launcher, and
+storage sync asks whether components keep private working copies.
+"""
+
+from __future__ import annotations
+
+from harness.config_sections import ExecutorConfig
+from harness.executors.base import Executor, TrialPool
+from harness.executors.local import LocalExecutor
+from harness.executors.ray import RayExecutor
+from harness.experiment.scheduler import CommandBuilder
+
+
+def open_executor(executor: ExecutorConfig) -> Executor:
+    """The executor `executor.kind` names (connecting happens later, in its pool or launcher)."""
+    if executor.kind == "ray":
+        return RayExecutor(executor)
+    return LocalExecutor()
+
+
+def open_pool(
+    executor: ExecutorConfig,
+    command: CommandBuilder,
+    max_parallel: int,
+    kill_grace_s: float = 10.0,
+    trial_timeout_s: float | None = None,
+) -> TrialPool:
+    """The trial pool `executor.kind` asks for (not yet entered)."""
+    return open_executor(executor).trial_pool(command, max_parallel, kill_grace_s, trial_timeout_s)
+
+
+__all__ = ["Executor", "open_executor", "open_pool"]

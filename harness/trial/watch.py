@@ -1,0 +1,198 @@
+"""Start a trial's components and watch them until the trial ends.
+
+The learner and the generator(s) run where the executor's launcher puts them, sharing nothing
+but Redis and the weight store (design section 3). A crashed generator is restarted under its
+old id, first expiring the leases of the tickets it held (the process holding them is dead), so
+the trial goes on at once instead of after the lease. Restarts are budgeted per unit of progress
+(processes.RestartBudget): MAX_GENERATOR_RESTARTS crashes of one generator in a row with no
+learner step and no group pushed in between fail the trial; any progress renews the budget. A
+generator exiting with EXIT_NO_RESTART (an error a restart cannot fix) fails the trial at once
+with its one-line reason. A learner crash fails the trial (resumably).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from buffer.streams import RolloutBuffer, TicketDispenser, connect
+from contract.layout import TrialPaths
+from contract.record import read_json
+from contract.trial import TrialSpec, TrialStatus
+from harness.config import ExperimentConfig
+from harness.executors.base import Component, ComponentLauncher, TrialFailedError
+from harness.executors.local import LocalLauncher
+from harness.signals import SignalLatch
+from harness.storage.trial_storage import SupervisorSync
+from harness.trial.processes import EXIT_NO_RESTART, RestartBudget, python_module_args
+from learner.runtime.metrics_log import MetricsLog
+
+# Restarts of one generator in a row without progress (a learner step or a pushed group).
+MAX_GENERATOR_RESTARTS = 3
+POLL_S = 0.2
+
+
+@dataclass
+class TrialOutcome:
+    """How a trial ended, as trial.json records it; `reason` for a failed or diverged one."""
+
+    status: TrialStatus  # completed | diverged | failed
+    steps_completed: int
+    reason: str | None = None
+
+
+def component_args(
+    command: str, config_path: Path, spec: TrialSpec, paths: TrialPaths, steps: int
+) -> list[str]:
+    return python_module_args(
+        "harness.cli",
+        command,
+        str(config_path),
+        "--arm", spec.arm,
+        "--seed", str(spec.seed),
+        "--lag", str(spec.lag),
+        "--mode", spec.mode,
+        "--out", str(paths.root),
+        "--steps", str(steps),
+    )  # fmt: skip
+
+
+def storage_step(what: str, step: Callable[..., None], *args: object) -> None:
+    """A sync with the bucket; an unreachable store fails the trial in one line (resumable)."""
+    try:
+        step(*args)
+    except OSError as exc:
+        raise TrialFailedError(f"cannot {what} (output_dir is a URI): {exc}") from None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the supervisor needs to start a trial's components."""
+
+    cfg: ExperimentConfig
+    spec: TrialSpec
+    paths: TrialPaths
+    redis_url: str
+    run_id: str
+    steps: int
+    resume: bool
+    launcher: ComponentLauncher = field(default_factory=LocalLauncher)  # where components run
+    sync: SupervisorSync = field(default_factory=SupervisorSync.none)  # output in a bucket
+
+
+def supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
+    cfg, spec, paths, steps = launch.cfg, launch.spec, launch.paths, launch.steps
+    redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
+    config_path = paths.resolved_config
+    env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id, **launch.sync.component_env()}
+    learner_args = component_args("learner", config_path, spec, paths, steps)
+    learner = launch.launcher.child("learner", learner_args + (["--resume"] if resume else []),
+                    paths.component_log("learner"), env)  # fmt: skip
+    generators = [
+        launch.launcher.child(
+            f"generator-{i}",
+            [
+                *component_args("generator", config_path, spec, paths, steps),
+                *("--id", generator_id(i)),
+            ],
+            paths.component_log(f"generator-{i}"),
+            env,
+        )
+        for i in range(cfg.generation.num_generators)
+    ]
+    children = [learner, *generators]
+    try:
+        for child in children:
+            child.start()
+        return _watch(launch, learner, generators, interrupted)
+    finally:
+        _stop_generators(redis_url, cfg, run_id)
+        for child in reversed(children):
+            child.stop()
+
+
+def _watch(
+    launch: Launch, learner: Component, generators: list[Component], interrupted: SignalLatch
+) -> TrialOutcome:
+    paths = launch.paths
+    budgets = {gen.name: RestartBudget(MAX_GENERATOR_RESTARTS) for gen in generators}
+    while True:
+        if interrupted.caught:
+            reason = "interrupted; resume with --resume"
+            return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+        launch.sync.tick()
+        code = learner.poll()
+        if code is not None:
+            storage_step("fetch the learner's outcome", launch.sync.learner_exited)
+            return _learner_finished(code, learner, paths)
+        for index, gen in enumerate(generators):
+            gen_code = gen.poll()
+            if gen_code is None or gen_code == 0:
+                continue
+            if gen_code == EXIT_NO_RESTART:
+                reason = f"{gen.name} failed: {gen.last_line().removeprefix('error: ')}"
+                return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+            if not budgets[gen.name].spend(_after_generator_crash(launch, generator_id(index))):
+                return TrialOutcome(
+                    TrialStatus.FAILED,
+                    _steps_done(paths),
+                    f"{gen.name} crashed {MAX_GENERATOR_RESTARTS + 1} times in a row with no "
+                    f"progress (no learner step, no group pushed); last log lines:\n{gen.tail()}",
+                )
+            gen.start()
+        time.sleep(POLL_S)
+
+
+def generator_id(index: int) -> str:
+    """The id generator `index` of a trial runs under, kept across its restarts."""
+    return f"gen-{index}"
+
+
+def _after_generator_crash(launch: Launch, gen_id: str) -> int:
+    """Expire the dead generator's leases, so its restart (same id) or any other generator takes
+    its tickets now rather than after DEFAULT_LEASE_S; returns the trial's progress, learner
+    steps plus tickets completed, which grows with any learner step or pushed group."""
+    completed = 0
+    try:
+        with connect(launch.redis_url, launch.cfg.buffer.tls_ca_file) as client:
+            tickets = TicketDispenser(client, launch.run_id)
+            tickets.release_owned(gen_id)
+            completed = tickets.completed()
+    except (OSError, redis.RedisError) as exc:  # Redis down: the learner reports it; count steps
+        print(f"warning: cannot reach Redis after {gen_id} crashed: {exc}", flush=True)
+    return _steps_done(launch.paths) + completed
+
+
+def _learner_finished(code: int, learner: Component, paths: TrialPaths) -> TrialOutcome:
+    outcome = read_json(paths.learner_outcome)
+    if code == 0 and outcome is not None:
+        return TrialOutcome(
+            TrialStatus(outcome["status"]), outcome["steps_completed"], outcome["diverged_reason"]
+        )
+    line = learner.last_line()
+    if line.startswith("error: "):  # a one-line error the learner explained (lost Redis, ...)
+        return TrialOutcome(
+            TrialStatus.FAILED,
+            _steps_done(paths),
+            f"learner failed: {line.removeprefix('error: ')}",
+        )
+    return TrialOutcome(
+        TrialStatus.FAILED,
+        _steps_done(paths),
+        f"learner exited with code {code}; resume with --resume. Last log lines:\n{learner.tail()}",
+    )
+
+
+def _steps_done(paths: TrialPaths) -> int:
+    steps = MetricsLog(paths.root).steps()
+    return max(steps) if steps else 0
+
+
+def _stop_generators(redis_url: str, cfg: ExperimentConfig, run_id: str) -> None:
+    with contextlib.suppress(Exception), connect(redis_url, cfg.buffer.tls_ca_file) as client:
+        RolloutBuffer(client, run_id, cfg.buffer).request_stop()

@@ -1,0 +1,58 @@
+"""Policy objectives as pure functions: GSPO, GSPO-token, GRPO, PPO, and PPO's value loss.
+
+Every policy objective is a `PolicyLoss`: it takes right-padded [B, T] tensors, a response
+`mask` (1 on response tokens, 0 on prompt and padding) and one `ObjectiveOptions` value, and
+returns `(loss, stats)`: a float32 scalar with a grad graph and a dict of python floats computed
+under no_grad. Which objective an arm trains, with which defaults, advantages and critic, is
+declared once per objective by its arm model (`learner.config.arms`); `POLICY_LOSSES` maps each
+objective name to its loss.
+
+Stats keys (mapped to `policy/<key>` by the learner, design section 7): loss, clip_frac,
+clip_frac_seq, clip_frac_low, clip_frac_high, ratio_mean, ratio_min, ratio_max, ratio_seq_mean,
+ratio_token_mean, kl_old, and kl_ref when `ref_logprobs` is given. The two kinds of ratio
+statistics are defined in `learner.algorithms.objectives.stats`.
+
+"Clipped" means the clip is active in the min, i.e. the token's (or sequence's) gradient is zero:
+A > 0 and ratio > 1 + eps_high (clip high), or A < 0 and ratio < 1 - eps_low (clip low).
+clip_frac, clip_frac_low and clip_frac_high are token-weighted (so low + high = clip_frac) for
+every objective; clip_frac_seq is the fraction of non-empty sequences with any clipped token.
+
+Numerics: any float dtype is computed in float32; padded slots are replaced by 0 before any
+arithmetic, so values parked there (even inf) change nothing; log-ratios are clamped to [-20, 20]
+before exp; empty rows add nothing and a batch without response tokens gives loss 0 (still
+differentiable). In the policy objectives only `logprobs` receives gradients; every other
+tensor (old and reference logprobs, advantages, IS weights) is treated as a constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from learner.algorithms.masking import LOSS_AGGREGATIONS, LossAggregation
+from learner.algorithms.objectives.inputs import PolicyLoss, Stats
+from learner.algorithms.objectives.policy import grpo_loss, gspo_loss, gspo_token_loss, ppo_loss
+from learner.algorithms.objectives.surrogate import clipped_surrogate
+from learner.algorithms.objectives.value import value_loss
+from learner.algorithms.options import ObjectiveOptions
+from learner.vocabulary import Objective
+
+POLICY_LOSSES: Mapping[Objective, PolicyLoss] = MappingProxyType(
+    {"gspo": gspo_loss, "gspo_token": gspo_token_loss, "grpo": grpo_loss, "ppo": ppo_loss}
+)
+"""Objective name -> its pure loss; keys are exactly `learner.vocabulary.Objective`."""
+
+__all__ = [
+    "LOSS_AGGREGATIONS",
+    "POLICY_LOSSES",
+    "LossAggregation",
+    "ObjectiveOptions",
+    "PolicyLoss",
+    "Stats",
+    "clipped_surrogate",
+    "grpo_loss",
+    "gspo_loss",
+    "gspo_token_loss",
+    "ppo_loss",
+    "value_loss",
+]

