@@ -69,6 +69,12 @@ def part_steps(root: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in Path(root).iterdir() if (m := _PART.match(p.name)))
 
 
+def read_part(root: Path, step: int) -> pa.Table:
+    """The part of one step (a reader that follows a live trial reads only its new parts).
+    Raises OSError or pyarrow.ArrowException when the part vanished or cannot be read."""
+    return pq.read_table(part_path(root, step))
+
+
 def truncate_after(root: Path, step: int) -> None:
     """Drop the parts of steps > `step` (written by a run killed after its last checkpoint)."""
     for existing in part_steps(root):

@@ -46,7 +46,6 @@ from harness.config_sections import (
 )
 from harness.overrides import ConfigError, apply_overrides
 from learner.config import (
-    OBJECTIVE_NAMES,
     ArmConfig,
     LearnerConfig,
     warn_equivalent_arms,
@@ -256,31 +255,11 @@ def _check_rollout_routing(arms: list[ArmConfig], backend: GeneratorBackend) -> 
         )
 
 
-def _field_path(error: Any) -> list[str | int]:
-    """The error's location as the YAML spells it: pydantic puts the chosen variant of a
-    discriminated union (an arm's objective) in the path (`arms.0.gspo.agg`), which no config
-    has; a tag that matched nothing is reported at the discriminator field (`arms.0.objective`)."""
-    loc = list(error["loc"])
-    path = [
-        part
-        for i, part in enumerate(loc)
-        if not (
-            i >= 2
-            and loc[i - 2] == "arms"
-            and isinstance(loc[i - 1], int)
-            and part in OBJECTIVE_NAMES
-        )
-    ]
-    if error["type"] in {"union_tag_invalid", "union_tag_not_found"}:
-        path.append(str(error["ctx"]["discriminator"]).strip("'"))
-    return path
-
-
 def format_validation_error(exc: ValidationError) -> str:
     """One line per problem: `field.path: message (got value)`."""
     lines = []
     for error in exc.errors():
-        where = ".".join(str(part) for part in _field_path(error)) or "<config>"
+        where = ".".join(str(part) for part in error["loc"]) or "<config>"
         got = error.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"{where}: {error['msg']}{shown}")

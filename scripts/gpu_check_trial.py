@@ -16,11 +16,10 @@ import math
 import sys
 from pathlib import Path
 
-import pyarrow.dataset as ds
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from contract import metrics as M
+from contract import step_tables
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from contract.trial import TrialStatus
@@ -34,7 +33,9 @@ def check_trial(trial_dir: Path) -> dict[str, object]:
         raise SystemExit(f"{trial_dir}: no trial.json")
     if record.status != TrialStatus.COMPLETED:
         raise SystemExit(f"{trial_dir}: status {record.status}: {record.failure_reason}")
-    table = ds.dataset(str(TrialPaths(trial_dir).metrics), format="parquet").to_table()
+    table = step_tables.read_table(TrialPaths(trial_dir).metrics)
+    if table is None:
+        raise SystemExit(f"{trial_dir}: no metrics parts")
     rows = table.sort_by(M.STEP).to_pylist()
     rows = [r for r in rows if r[M.STEP] >= 1]  # step 0 holds the initial eval alone
     if len(rows) != record.steps_planned:

@@ -1,19 +1,17 @@
 """Live progress of an experiment: one bar for the whole grid, one line per running trial.
 
 Trial processes report nothing to the harness directly; their progress is read from the
-metrics parts they write (`metrics.parquet/part-NNNNNN.parquet`, one per learner step, renamed
-into place whole). Each poll lists the directory and reads only parts not seen before, so
-watching a long trial costs one small file read per new step.
+metrics parts they write (`metrics.parquet/`, one part per learner step, renamed into place
+whole; `contract.step_tables` owns the format). Each poll lists the steps on disk and reads only
+parts not seen before, so watching a long trial costs one small file read per new step.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -26,11 +24,11 @@ from rich.progress import (
 )
 
 from contract import metrics as M
+from contract import step_tables
 from contract.layout import TrialPaths
 from contract.trial import LaunchStatus
 from harness.experiment.grid import PlannedTrial
 
-_PART = re.compile(r"^part-(\d+)\.parquet$")
 WATCHED = (M.REWARD_MEAN, M.EVAL_PASS_RATE)
 STATUS_STYLE = {
     LaunchStatus.COMPLETED: "green",
@@ -48,7 +46,7 @@ class MetricsTail:
         self._reset()
 
     def _reset(self) -> None:
-        self._seen: set[str] = set()
+        self._seen: set[int] = set()
         self.steps: set[int] = set()
         self.latest: dict[str, float] = {}
         self._latest_step: dict[str, int] = {}
@@ -65,18 +63,15 @@ class MetricsTail:
         If parts disappeared (a resumed learner dropped steps newer than its checkpoint),
         start over so the shown values match the disk.
         """
-        try:
-            names = {entry.name for entry in self.root.iterdir() if _PART.match(entry.name)}
-        except FileNotFoundError:
-            return
-        if not self._seen <= names:
+        on_disk = set(step_tables.part_steps(self.root))
+        if not self._seen <= on_disk:
             self._reset()
-        for name in sorted(names - self._seen):
+        for step in sorted(on_disk - self._seen):
             try:
-                table = pq.read_table(self.root / name)
+                table = step_tables.read_part(self.root, step)
             except (OSError, pa.ArrowException):
                 continue  # vanished or unreadable right now; retried on the next poll
-            self._seen.add(name)
+            self._seen.add(step)
             self._absorb(table)
 
     def _absorb(self, table: pa.Table) -> None:

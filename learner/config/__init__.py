@@ -7,7 +7,6 @@ Imports no torch, so loading a config stays cheap.
 
 from learner.config.arms import (
     ARM_MODELS,
-    OBJECTIVE_NAMES,
     ArmBase,
     ArmConfig,
     GroupArm,
@@ -18,6 +17,9 @@ from learner.config.arms import (
     arm_model,
     default_options,
     make_arm,
+    objective_names,
+    register_arm,
+    validate_arm,
 )
 from learner.config.equivalence import (
     EquivalentArmsWarning,
@@ -28,7 +30,6 @@ from learner.config.shared import LearnerConfig
 
 __all__ = [
     "ARM_MODELS",
-    "OBJECTIVE_NAMES",
     "ArmBase",
     "ArmConfig",
     "EquivalentArmsWarning",
@@ -41,6 +42,9 @@ __all__ = [
     "arm_model",
     "default_options",
     "make_arm",
+    "objective_names",
+    "register_arm",
+    "validate_arm",
     "warn_equivalent_arms",
     "warn_single_update",
 ]

@@ -20,7 +20,16 @@ import re
 from dataclasses import replace
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    SerializeAsAny,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
 from learner.algorithms.options import ObjectiveOptions
@@ -247,35 +256,83 @@ class PPOArm(ArmBase):
     eps_high: float = Field(default=_CLIP_PPO[1], gt=0, description="Upper clip range.")
 
 
-ARM_MODELS: dict[Objective, type[ArmBase]] = {
-    "gspo": GSPOArm,
-    "gspo_token": GSPOTokenArm,
-    "grpo": GRPOArm,
-    "ppo": PPOArm,
-}
-"""Objective name -> its arm model; keys are exactly the `Objective` literal."""
+ARM_MODELS: dict[str, type[ArmBase]] = {}
+"""Objective name -> its arm model: the built-in objectives (`learner.vocabulary.Objective`),
+then any registered with `register_arm`. Arms are discriminated on `objective` through this
+registry rather than a static `Union`, so an objective registered later validates the same way."""
 
-OBJECTIVE_NAMES: tuple[str, ...] = get_args(Objective)
 
-ArmConfig = Annotated[GSPOArm | GSPOTokenArm | GRPOArm | PPOArm, Field(discriminator="objective")]
-"""One arm of an experiment: the model its `objective` names."""
+def register_arm(model: type[ArmBase]) -> type[ArmBase]:
+    """Register an arm model under the single value of its `objective` Literal (a decorator)."""
+    names = get_args(model.model_fields["objective"].annotation)
+    if len(names) != 1 or not isinstance(names[0], str):
+        raise TypeError(f"{model.__name__}.objective must be a Literal of one name, got {names}")
+    (name,) = names
+    if name in ARM_MODELS and ARM_MODELS[name] is not model:
+        raise ValueError(f"objective {name!r} is already registered ({ARM_MODELS[name].__name__})")
+    ARM_MODELS[name] = model
+    return model
 
-_ARM_ADAPTER: TypeAdapter[ArmConfig] = TypeAdapter(ArmConfig)
+
+for _model in (GSPOArm, GSPOTokenArm, GRPOArm, PPOArm):
+    register_arm(_model)
+
+
+def objective_names() -> tuple[str, ...]:
+    """The registered objectives, built-in first."""
+    return tuple(ARM_MODELS)
+
+
+def validate_arm(value: Any) -> ArmBase:
+    """One arm from its settings: the model its `objective` names validates them. An unknown
+    objective is an error at `objective` listing the registered ones."""
+    if isinstance(value, ArmBase):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError("an arm is a mapping with `name` and `objective`")
+    objective = value.get("objective")
+    model = ARM_MODELS.get(objective) if isinstance(objective, str) else None
+    if model is None:
+        error = PydanticCustomError(
+            "unknown_objective",
+            "{problem}; registered objectives are {names}",
+            {
+                "problem": "no objective given"
+                if objective is None
+                else f"unknown objective {objective!r}",
+                "names": ", ".join(ARM_MODELS),
+            },
+        )
+        raise ValidationError.from_exception_data(
+            "ArmConfig",
+            [InitErrorDetails(type=error, loc=("objective",), input=objective)],
+        )
+    return model.model_validate(value)
+
+
+ArmConfig = Annotated[SerializeAsAny[ArmBase], PlainValidator(validate_arm)]
+"""One arm of an experiment, in a config: validated by the model its `objective` names and
+dumped with that model's fields."""
 
 
 def make_arm(**fields: Any) -> ArmBase:
     """Validate one arm from its settings (the model is chosen by `objective`)."""
-    return _ARM_ADAPTER.validate_python(fields)
+    return validate_arm(fields)
 
 
-def arm_model(objective: Objective | str) -> type[ArmBase]:
+def arm_model(objective: str) -> type[ArmBase]:
     """The one lookup by name; the error lists the registered objectives."""
     try:
-        return ARM_MODELS[objective]  # type: ignore[index]
+        return ARM_MODELS[objective]
     except KeyError:
         raise ValueError(
-            f"unknown objective {objective!r}; registered objectives are {OBJECTIVE_NAMES}"
+            f"unknown objective {objective!r}; registered objectives are {objective_names()}"
         ) from None
+
+
+def default_options(objective: str, max_len: int | None = None) -> ObjectiveOptions:
+    """The options of an arm that sets nothing but its objective (paper defaults)."""
+    return make_arm(name=objective, objective=objective).objective_options(max_len)
 
 
 def _unread_message(model: type[ArmBase], data: dict[str, Any], unread: list[str]) -> str:
@@ -295,8 +352,3 @@ def _unread_message(model: type[ArmBase], data: dict[str, Any], unread: list[str
         f"arm {data.get('name', '?')!r} ({objective}) does not read "
         f"{'; '.join(problems)}: remove it; {objective} arms take {settings}"
     )
-
-
-def default_options(objective: Objective | str, max_len: int | None = None) -> ObjectiveOptions:
-    """The options of an arm that sets nothing but its objective (paper defaults)."""
-    return make_arm(name=objective, objective=objective).objective_options(max_len)

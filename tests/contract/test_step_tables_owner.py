@@ -32,12 +32,7 @@ STEP_TABLE_NAMES = {"METRICS_DIR", "EVALS_DIR"}
 STEP_TABLE_DIRS = {"metrics.parquet", "evals.parquet"}
 # Modules still handling parts themselves, each with why; an entry that no longer finds
 # anything fails the test, so the list only shrinks.
-KNOWN_EXCEPTIONS = {
-    # MetricsTail lists `part-(\d+).parquet` and reads only the new parts at each poll (the live
-    # progress bars). Not this change's module: to move onto contract.step_tables.part_steps /
-    # part_path.
-    "harness/experiment/progress.py",
-}
+KNOWN_EXCEPTIONS: set[str] = set()
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
