@@ -1,19 +1,16 @@
 """Configuration of the learner and of the arms it can train (design sections 5, 6).
 
-`arms`: one model per objective family, a union discriminated by `objective`; `shared`: the
+`arm_base`: what every arm is, and the registry that dispatches an arm on its `objective`;
+`arms`: the built-in objective families, one model each; `shared`: the
 settings every arm trains with; `equivalence`: warnings for arms that would train one thing.
 Imports no torch, so loading a config stays cheap.
 """
 
-from learner.config.arms import (
+from learner.config.arm_base import (
     ARM_MODELS,
     ArmBase,
     ArmConfig,
     GroupArm,
-    GRPOArm,
-    GSPOArm,
-    GSPOTokenArm,
-    PPOArm,
     arm_model,
     default_options,
     make_arm,
@@ -21,6 +18,7 @@ from learner.config.arms import (
     register_arm,
     validate_arm,
 )
+from learner.config.arms import GRPOArm, GSPOArm, GSPOTokenArm, PPOArm
 from learner.config.equivalence import (
     EquivalentArmsWarning,
     warn_equivalent_arms,

