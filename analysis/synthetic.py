@@ -47,8 +47,8 @@ class SyntheticSpec:
     diverged: tuple[tuple[str, int, int, int], ...] = ()  # (arm, seed, lag, step it diverged)
     failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
     mode: StalenessMode = "fixed"
-    # Also write the off-policy, staleness-accounting and MoE columns (analysis.corrections),
-    # with known effects: ESS falls and drops rise with lag; dropped groups score lower and run
+    # Also write the off-policy, staleness-accounting and MoE columns (analysis.sections.
+    # corrections), with known effects: ESS falls and drops rise with lag; dropped groups score lower and run
     # longer than trained ones, so the trained-vs-read bias is positive on reward, negative on
     # length. Off by default: its own rng, so the other columns do not change with it.
     corrections: bool = False

@@ -51,6 +51,7 @@ from learner.config import (
     warn_equivalent_arms,
     warn_single_update,
 )
+from learner.config.plugin_records import plugin_digests
 
 __all__ = [
     "UNREPRODUCIBLE_SAMPLING",
@@ -101,6 +102,12 @@ class ExperimentConfig(BaseModel):
 
     name: str = Field(default="experiment", description="Experiment name (MLflow, output dir).")
     seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds.")
+    plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules (`mypkg.losses`) or files (`examples/clipped_reinforce.py`, made "
+        "absolute) imported before the arms are read; each registers objectives with "
+        "`learner.plugins.register_objective`, which its arms then name (README, Plugins).",
+    )
     arms: list[ArmConfig] = Field(min_length=1, description="The arms compared.")
     model: ModelConfig = Field(default_factory=ModelConfig)
     task: TaskConfig = Field(
@@ -138,6 +145,26 @@ class ExperimentConfig(BaseModel):
         description="Trials run at once. Each trial already uses a generator and a learner "
         "process, so 1 suits 2 cores.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _load_plugins(cls, data: Any) -> Any:
+        """Plugins register objectives, so they are imported before `arms` is validated."""
+        entries = data.get("plugins") if isinstance(data, dict) else None
+        if not entries:
+            return data
+        if not (isinstance(entries, list) and all(isinstance(e, str) for e in entries)):
+            raise ValueError("plugins must be a list of module names or .py file paths")
+        entries = [str(Path(e).resolve()) if e.endswith(".py") else e for e in entries]
+        # Imported here, not at the top: plugins need torch, and a config without plugins is
+        # validated without importing it (the CLI, the driver, config checks stay light).
+        from learner.plugins import PluginError, load_plugins
+
+        try:
+            load_plugins(entries)
+        except PluginError as exc:
+            raise ValueError(str(exc)) from None
+        return {**data, "plugins": entries}
 
     @model_validator(mode="before")
     @classmethod
@@ -229,8 +256,13 @@ class ExperimentConfig(BaseModel):
         # which trials exist and how many run at once, never how one runs, so extending an
         # experiment with more seeds (the report's "what to do next") keeps the finished
         # trials' hash and `harness run` skips them without a config-mismatch warning.
+        # With plugins, their source digests too: a finished trial of a changed plugin is not
+        # the trial this config would run.
         exclude = {"executor", "seeds", "max_parallel"}
-        canonical = json.dumps(self.model_dump(mode="json", exclude=exclude), sort_keys=True)
+        resolved = self.model_dump(mode="json", exclude=exclude)
+        if self.plugins:
+            resolved["plugin_sources"] = plugin_digests(self.plugins)
+        canonical = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

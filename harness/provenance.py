@@ -9,6 +9,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from learner.config.plugin_records import LOADED, loaded_plugins
+
 TRACKED_PACKAGES = (
     "gspo-harness",
     "torch",
@@ -88,5 +90,13 @@ def file_digest(path: Path) -> str:
 
 
 def provenance() -> dict[str, object]:
-    """Everything recorded with every run besides the config itself."""
-    return {"git": git_state(), "packages": package_versions(), "hardware": hardware()}
+    """Everything recorded with every run besides the config itself: with plugins, each one's
+    module, version and source digest (`learner.config.plugin_records`)."""
+    facts: dict[str, object] = {
+        "git": git_state(),
+        "packages": package_versions(),
+        "hardware": hardware(),
+    }
+    if LOADED:
+        facts["plugins"] = loaded_plugins()
+    return facts

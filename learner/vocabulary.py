@@ -10,14 +10,22 @@ from __future__ import annotations
 
 from typing import Literal
 
-Objective = Literal["gspo", "gspo_token", "grpo", "ppo"]
-"""The policy objectives an arm can train (`learner.config.arms`: one config model each)."""
+Objective = Literal[
+    "gspo", "gspo_token", "grpo", "ppo", "cispo", "sapo", "gmpo", "clip_cov", "kl_cov"
+]
+"""The policy objectives an arm can train, one config model each (`learner.config.arms`, then
+`learner.config.arms_zoo`)."""
 
 LossAggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"]
 """How per-token loss terms become one number (`learner.algorithms.masking`)."""
 
 AdvantageNorm = Literal["std", "mean_only"]
 """Group advantage normalisation: divide by the group std, or only subtract the mean (Dr. GRPO)."""
+
+AdvantageEstimator = Literal["group", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
+"""How a group arm turns sequence rewards into one advantage per sequence [B]
+(`learner.algorithms.advantages.ADVANTAGE_ESTIMATORS`): group mean/std (`adv_norm`), RLOO's
+leave-one-out baseline, REINFORCE++'s batch whitening, or REINFORCE++-baseline."""
 
 KLEstimator = Literal["k1", "k2", "k3"]
 """Schulman's estimators of a KL divergence from sampled log-ratios (`learner.algorithms.kl`)."""

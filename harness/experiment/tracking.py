@@ -120,6 +120,8 @@ def _provenance_tags(facts: dict[str, Any]) -> dict[str, Any]:
     for key in ("platform", "python", "cpu_count", "cuda_available", "gpus"):
         if key in hardware:
             tags[f"hardware.{key}"] = hardware[key]
+    for plugin in facts.get("plugins", []):  # the objectives a user brought (learner.plugins)
+        tags[f"plugin.{plugin['module']}"] = f"{plugin['version']} sha256:{plugin['source_sha256']}"
     return tags
 
 

@@ -1,20 +1,22 @@
-"""Advantage estimators: group-relative (GRPO/GSPO) and GAE with whitening (PPO).
+"""Advantage estimators: sequence-level ones for group arms (group mean/std, RLOO, REINFORCE++,
+REINFORCE++-baseline; `ADVANTAGE_ESTIMATORS`) and GAE with whitening (PPO).
 
 Conventions shared with the objectives: per-token tensors are right-padded [B, T] with a response
 mask (1 on response tokens, 0 on prompt and padding); response tokens of a row are contiguous.
 Standard deviations are *population* std (divide by n): defined for a group of one, and the same
-convention in `group_advantages` and `whiten`.
+convention in `group_advantages`, `batch_whiten` and `whiten`. Rewards [B] are ordered group by
+group (B = n_groups * group_size); every sequence-level estimator returns float32 [B].
 """
 
 from __future__ import annotations
 
-from typing import get_args
+from typing import Protocol, get_args
 
 import torch
 from torch import Tensor
 
 from learner.algorithms.masking import masked_mean, masked_var
-from learner.vocabulary import AdvantageNorm
+from learner.vocabulary import AdvantageEstimator, AdvantageNorm
 
 # AdvantageNorm (learner.config): `std` = (r - mean) / (std + eps) (GRPO, Shao et al. 2024,
 # sec. 4.1.2); `mean_only` = r - mean (Dr. GRPO, Liu et al. 2025, drops the std division that
@@ -23,31 +25,139 @@ from learner.vocabulary import AdvantageNorm
 ADVANTAGE_NORMS: tuple[str, ...] = get_args(AdvantageNorm)
 
 ADV_EPS = 1e-6
-"""Added to the group std before dividing (design section 6)."""
+"""Added to a std before dividing by it: the group std (design section 6), the batch std of
+REINFORCE++ and PPO's whitening."""
 
 
-def group_advantages(rewards: Tensor, group_size: int, norm: AdvantageNorm = "std") -> Tensor:
-    """Group-relative advantages A_i = (r_i - mean_g r) / (std_g r + 1e-6), float32 [B].
-
-    `rewards` [B] are ordered group by group (B = n_groups * group_size). std is the population
-    std (divide by group_size). A group whose rewards are all equal (including a group of one)
-    gets exactly zero advantage: it carries no learning signal, and rounding in the mean must not
-    turn into a spurious +-1e-3 advantage after the division by eps.
-    """
+def _grouped(rewards: Tensor, group_size: int) -> Tensor:
+    """Rewards [B] as float32 (n_groups, G), after checking that they split into whole groups."""
     if group_size <= 0 or rewards.ndim != 1 or rewards.numel() % group_size != 0:
         raise ValueError(
             f"rewards must be 1-D with a length divisible by group_size; got shape "
             f"{tuple(rewards.shape)} and group_size={group_size}. Flatten rewards group by group."
         )
+    return rewards.float().view(-1, group_size)  # (n_groups, G)
+
+
+def _constant_groups(grouped: Tensor) -> Tensor:
+    """(n_groups, 1) True where every reward of the group is equal (a group of one included):
+    such a group carries no learning signal, and its advantage is set to exactly 0 so that rounding
+    in a mean never turns into a spurious +-1e-3 after a division by eps."""
+    return grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
+
+
+def group_advantages(rewards: Tensor, group_size: int, norm: AdvantageNorm = "std") -> Tensor:
+    """Group-relative advantages A_i = (r_i - mean_g r) / (std_g r + 1e-6), float32 [B].
+
+    `norm="mean_only"` drops the division (Dr. GRPO). std is the population std (divide by
+    group_size). A group whose rewards are all equal gets exactly zero advantage.
+    """
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
     if norm not in ADVANTAGE_NORMS:
         raise ValueError(f"unknown advantage norm {norm!r}; choose one of {ADVANTAGE_NORMS}")
-    grouped = rewards.float().view(-1, group_size)  # (n_groups, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (n_groups, G)
     if norm == "std":
         std = grouped.std(dim=1, correction=0, keepdim=True)  # (n_groups, 1) population std
         centred = centred / (std + ADV_EPS)
-    constant = grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
-    return torch.where(constant, 0.0, centred).view(-1)  # (B,)
+    return torch.where(_constant_groups(grouped), 0.0, centred).view(-1)  # (B,)
+
+
+def rloo_advantages(rewards: Tensor, group_size: int) -> Tensor:
+    """REINFORCE leave-one-out: A_i = r_i - 1/(G-1) sum_{j != i} r_j over i's group, float32 [B].
+
+    Kool et al. 2019 ("Buy 4 REINFORCE samples, get a baseline for free!"); Ahmadian et al.
+    2024 ("Back to Basics", arXiv:2402.14740). The baseline of sample i is the mean of the *other*
+    G - 1 rewards of its group, so it does not depend on r_i and the gradient stays unbiased.
+    Algebraically A_i = G / (G - 1) * (r_i - mean_g r): Dr. GRPO's mean-only advantage scaled
+    up, no std division. A group whose rewards are all equal gets exactly 0, and so does a group
+    of one, which has no other sample to form a baseline from (verl keeps r_i there).
+    """
+    grouped = _grouped(rewards, group_size)  # (n_groups, G)
+    if group_size == 1:
+        return torch.zeros_like(grouped).view(-1)  # (B,)
+    others_mean = (grouped.sum(dim=1, keepdim=True) - grouped) / (group_size - 1)  # (n_groups, G)
+    advantages = grouped - others_mean  # (n_groups, G)
+    return torch.where(_constant_groups(grouped), 0.0, advantages).view(-1)  # (B,)
+
+
+def batch_whiten(x: Tensor, lengths: Tensor, shift_mean: bool = True) -> Tensor:
+    """Sequence values [B] whitened over the batch's response tokens: (x_i - mean) / (std + 1e-6).
+
+    Each sequence counts once per response token (`lengths` [B], its response length): the
+    statistics are those of x broadcast over the response mask, as `whiten` would take them on
+    [B, T], while the result stays one value per sequence. `shift_mean=False` only divides by the
+    std (the std itself is still taken around the token mean). Rows with no response token get 0,
+    and so does every row when the non-empty rows all hold the same value (no learning signal;
+    never NaN, never a rounding residue blown up by the division by eps).
+    """
+    if x.ndim != 1 or lengths.shape != x.shape:
+        raise ValueError(
+            f"x and lengths must both be [B]; got {tuple(x.shape)} and {tuple(lengths.shape)}"
+        )
+    x = x.float()
+    weights = lengths.float()  # (B,) response tokens per sequence
+    present = weights > 0  # (B,)
+    total = weights.sum().clamp_min(1.0)  # all-empty batch: 0 / 1, never 0 / 0
+    mean = (weights * x).sum() / total  # token mean
+    std = ((weights * (x - mean) ** 2).sum() / total).sqrt()  # token population std
+    whitened = ((x - mean) if shift_mean else x) / (std + ADV_EPS)  # (B,)
+    highest = torch.where(present, x, -torch.inf).amax()
+    lowest = torch.where(present, x, torch.inf).amin()
+    informative = present & (highest != lowest)  # (B,)
+    return torch.where(informative, whitened, 0.0)  # (B,)
+
+
+def reinforce_pp_advantages(rewards: Tensor, lengths: Tensor) -> Tensor:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): A_i = (r_i - mean_batch r) / (std_batch r + 1e-6).
+
+    With an outcome reward, gamma = 1 and no KL in the reward (this harness keeps the KL to the
+    reference in the loss, `beta`), the return of every response token is its sequence's reward
+    r_i. The paper normalises those token advantages over the whole global batch (global
+    advantage normalisation, not per group); verl's `compute_reinforce_plus_plus_outcome_advantage`
+    whitens them over every response token of the batch, so here a sequence weighs once per
+    response token (`batch_whiten`). Differences from verl, both negligible at batch scale:
+    population std with eps added to the std (this repo's convention, as PPO's `whiten`), where
+    verl uses the Bessel-corrected variance and rsqrt(var + 1e-8). Groups play no part.
+    """
+    return batch_whiten(rewards, lengths, shift_mean=True)  # (B,)
+
+
+def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, lengths: Tensor) -> Tensor:
+    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_i = (r_i - mean_g r) / std_batch.
+
+    The group mean is the baseline (k > 1 samples per prompt); the group-centred rewards are then
+    divided by their std over every response token of the batch (global, not per group), plus
+    1e-6. No second mean shift: verl's `compute_reinforce_plus_plus_baseline_outcome_advantage`
+    re-centres on the token mean, which with ragged lengths gives constant groups a small
+    nonzero advantage; here a group whose rewards are all equal keeps exactly 0, as in the
+    paper's formula applied per sequence. A group of one gets 0 (verl: mean taken as 0).
+    """
+    centred = group_advantages(rewards, group_size, norm="mean_only")  # (B,) exact 0 if constant
+    return batch_whiten(centred, lengths, shift_mean=False)  # (B,)
+
+
+class SequenceAdvantages(Protocol):
+    """One sequence-level estimator as the runtime calls it: float32 advantages [B] from the
+    rewards [B], the response lengths [B] (tokens per sequence), the group size and the arm's
+    `adv_norm`, which only the `group` estimator reads."""
+
+    def __call__(
+        self, rewards: Tensor, lengths: Tensor, group_size: int, norm: AdvantageNorm
+    ) -> Tensor: ...
+
+
+ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, SequenceAdvantages] = {
+    "group": lambda rewards, lengths, group_size, norm: group_advantages(rewards, group_size, norm),
+    "rloo": lambda rewards, lengths, group_size, norm: rloo_advantages(rewards, group_size),
+    "reinforce_pp": lambda rewards, lengths, group_size, norm: reinforce_pp_advantages(
+        rewards, lengths
+    ),
+    "reinforce_pp_baseline": lambda rewards, lengths, group_size, norm: (
+        reinforce_pp_baseline_advantages(rewards, group_size, lengths)
+    ),
+}
+"""`learner.vocabulary.AdvantageEstimator` name -> its estimator: the one place a group arm's
+`adv_estimator` is looked up (`learner.runtime.step.compute_advantages`)."""
 
 
 def terminal_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:

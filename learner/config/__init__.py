@@ -1,7 +1,7 @@
 """Configuration of the learner and of the arms it can train (design sections 5, 6).
 
 `arm_base`: what every arm is, and the registry that dispatches an arm on its `objective`;
-`arms`: the built-in objective families, one model each; `shared`: the
+`arms` and `arms_zoo`: the built-in objective families, one model each; `shared`: the
 settings every arm trains with; `equivalence`: warnings for arms that would train one thing.
 Imports no torch, so loading a config stays cheap.
 """
@@ -16,9 +16,11 @@ from learner.config.arm_base import (
     make_arm,
     objective_names,
     register_arm,
+    unregister_arm,
     validate_arm,
 )
 from learner.config.arms import GRPOArm, GSPOArm, GSPOTokenArm, PPOArm
+from learner.config.arms_zoo import CISPOArm, ClipCovArm, GMPOArm, KLCovArm, SAPOArm
 from learner.config.equivalence import (
     EquivalentArmsWarning,
     warn_equivalent_arms,
@@ -30,18 +32,24 @@ __all__ = [
     "ARM_MODELS",
     "ArmBase",
     "ArmConfig",
+    "CISPOArm",
+    "ClipCovArm",
     "EquivalentArmsWarning",
+    "GMPOArm",
     "GRPOArm",
     "GSPOArm",
     "GSPOTokenArm",
     "GroupArm",
+    "KLCovArm",
     "LearnerConfig",
     "PPOArm",
+    "SAPOArm",
     "arm_model",
     "default_options",
     "make_arm",
     "objective_names",
     "register_arm",
+    "unregister_arm",
     "validate_arm",
     "warn_equivalent_arms",
     "warn_single_update",

@@ -21,7 +21,9 @@ from pydantic import (
     Field,
     PlainValidator,
     SerializeAsAny,
+    SerializerFunctionWrapHandler,
     ValidationError,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -30,6 +32,7 @@ from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
 from learner.algorithms.options import ObjectiveOptions
 from learner.config.shared import LearnerConfig
 from learner.vocabulary import (
+    AdvantageEstimator,
     AdvantageKind,
     AdvantageNorm,
     Correction,
@@ -177,11 +180,43 @@ class GroupArm(ArmBase):
     advantages: ClassVar[AdvantageKind] = "group"
     needs_value_model: ClassVar[bool] = False
 
+    adv_estimator: AdvantageEstimator = Field(
+        default="group",
+        description="How sequence rewards become one advantage per sequence (all sequence-level, "
+        "[B]; `learner.algorithms.advantages`). `group` (default, GRPO, Shao et al. 2024): "
+        "(r - group mean) / group std, or mean-only per `adv_norm`. `rloo` (Ahmadian et al. "
+        "2024, arXiv:2402.14740): r minus the mean of the other rewards of the group. "
+        "`reinforce_pp` (Hu 2025, arXiv:2501.03262): r whitened over the whole batch's response "
+        "tokens, no group baseline. `reinforce_pp_baseline`: r minus the group mean, divided by "
+        "the batch std.",
+    )
     adv_norm: AdvantageNorm = Field(
         default="std",
         description="Group advantage normalisation: divide by the group std, or only subtract "
-        "the group mean (Dr. GRPO).",
+        "the group mean (Dr. GRPO). Read only by adv_estimator: group.",
     )
+
+    @model_validator(mode="after")
+    def _check_adv_norm_is_read(self) -> GroupArm:
+        if self.adv_estimator != "group" and "adv_norm" in self.model_fields_set:
+            raise ValueError(
+                f"arm {self.name!r} sets adv_norm: {self.adv_norm}, but adv_estimator: "
+                f"{self.adv_estimator} does not read it (only adv_estimator: group divides by the "
+                "group std or not); remove adv_norm, or set adv_estimator: group"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump_read_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dump only what the arm reads, so a dumped arm validates again: `adv_norm` is left out
+        under another estimator, and `adv_estimator` at its default, so that configs written
+        before the field existed keep their dump, hence their config hash."""
+        data = handler(self)
+        if self.adv_estimator == "group":
+            data.pop("adv_estimator", None)
+        else:
+            data.pop("adv_norm", None)
+        return data
 
 
 ARM_MODELS: dict[str, type[ArmBase]] = {}
@@ -200,6 +235,12 @@ def register_arm(model: type[ArmBase]) -> type[ArmBase]:
         raise ValueError(f"objective {name!r} is already registered ({ARM_MODELS[name].__name__})")
     ARM_MODELS[name] = model
     return model
+
+
+def unregister_arm(objective: str) -> None:
+    """Drop an arm model that failed its plugin's registration check (never a built-in)."""
+    if objective not in get_args(Objective):
+        ARM_MODELS.pop(objective, None)
 
 
 def objective_names() -> tuple[str, ...]:

@@ -17,7 +17,12 @@ from torch import Tensor, nn
 
 from buffer.collate import RolloutBatch
 from contract import metrics as M
-from learner.algorithms.advantages import gae, group_advantages, terminal_token_rewards, whiten
+from learner.algorithms.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    gae,
+    terminal_token_rewards,
+    whiten,
+)
 from learner.algorithms.corrections import correction_weights
 from learner.algorithms.kl import kl_from_log_ratio
 from learner.algorithms.masking import masked_mean
@@ -71,10 +76,16 @@ def compute_advantages(
     learner: LearnerConfig,
     old_values: Tensor | None,
 ) -> tuple[Tensor, Tensor | None]:
-    """(advantages, returns) of the arm's declared kind: group-relative [B] (GSPO, GRPO;
-    returns None) or whitened GAE [B, T] with lambda-returns (PPO)."""
+    """(advantages, returns) of the arm's declared kind: one per sequence [B] from the arm's
+    `adv_estimator` (GSPO, GRPO; returns None) or whitened GAE [B, T] with lambda-returns (PPO).
+
+    Computed on the whole step batch before it is split into minibatches; under data
+    parallelism every rank holds that whole batch, so a batch statistic (REINFORCE++'s mean and
+    std) is the same on every rank."""
     if isinstance(arm, GroupArm):
-        return group_advantages(batch.rewards, group_size, arm.adv_norm), None
+        estimator = ADVANTAGE_ESTIMATORS[arm.adv_estimator]
+        lengths = batch.response_mask.sum(dim=-1)  # (B,) response tokens per sequence
+        return estimator(batch.rewards, lengths, group_size, arm.adv_norm), None
     assert old_values is not None, "GAE needs the value model's estimates"
     token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # (B, T)
     advantages, returns = gae(

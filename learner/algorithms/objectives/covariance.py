@@ -1,0 +1,163 @@
+"""Clip-Cov and KL-Cov: restrain the few tokens whose covariance drives entropy collapse.
+
+Cui et al. 2025 (arXiv:2505.22617, sec. 4) show that under policy gradient the entropy change
+follows the covariance of a token's log-probability and its advantage; a few high-covariance
+tokens (confident and rewarded) collapse the entropy. Per response token of the batch:
+
+    Cov_t = (log pi_theta(y_t) - mean log pi_theta) * (A_t - mean A)       (means over tokens)
+
+Clip-Cov detaches the gradient of r N tokens drawn at random from those with
+omega_low < Cov_t < omega_high; KL-Cov adds beta |log r_t| to the k N tokens of highest Cov_t.
+Selection is deterministic: the same tensors give the same tokens (`choose_tokens`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from learner.algorithms.kl import LOG_RATIO_CLAMP
+from learner.algorithms.masking import aggregate_padded, masked_mean
+from learner.algorithms.objectives.fixed import add_kl_ref, with_aggregation
+from learner.algorithms.objectives.inputs import PolicyBatch, PolicyLoss, Stats, masked_constant
+from learner.algorithms.objectives.stats import ClipUnits, policy_stats
+from learner.algorithms.objectives.surrogate import clipped_surrogate
+from learner.algorithms.options import ClipCovOptions, KLCovOptions, ObjectiveOptions
+
+
+@torch.no_grad()
+def token_covariance(logprobs: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Cov_t [B, T] of each response token (centred over the batch's response tokens); -inf off
+    the mask, so padding is never selected."""
+    logprobs = torch.where(mask, logprobs.detach().float(), 0.0)  # (B, T)
+    centred_lp = logprobs - masked_mean(logprobs, mask)
+    centred_adv = advantages - masked_mean(advantages, mask)
+    return torch.where(mask, centred_lp * centred_adv, -torch.inf)  # (B, T)
+
+
+def selection_count(fraction: float, n_tokens: int) -> int:
+    """floor(fraction * N), at least 1 when fraction > 0 and N > 0 (the authors' rule)."""
+    if fraction <= 0.0 or n_tokens == 0:
+        return 0
+    return max(1, int(fraction * n_tokens))
+
+
+def choose_tokens(candidates: Tensor, count: int, scores: Tensor) -> Tensor:
+    """`count` of the `candidates` [B, T] (bool) drawn uniformly without replacement, as a bool
+    [B, T] mask; all of them when there are at most `count`.
+
+    The draw is seeded by the candidates themselves (their flat positions and the bits of their
+    `scores`), on a CPU generator: the same tensors choose the same tokens on any device, and
+    different batches draw differently, with no global random state touched.
+    """
+    flat = candidates.flatten().nonzero().squeeze(-1)  # (M,)
+    if count < flat.numel():
+        bits = scores.flatten()[flat].float().contiguous().view(torch.int32).long()
+        seed = int(bits.sum() + flat.sum()) & (2**63 - 1)
+        order = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(seed))
+        flat = flat[order[:count].to(flat.device)]
+    selected = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
+    selected[flat] = True
+    return selected.view_as(candidates)
+
+
+def top_tokens(scores: Tensor, count: int) -> Tensor:
+    """The `count` highest `scores` [B, T] as a bool mask; ties go to the earlier position."""
+    order = torch.sort(scores.flatten(), descending=True, stable=True).indices[:count]
+    selected = torch.zeros(scores.numel(), dtype=torch.bool, device=scores.device)
+    selected[order] = True
+    return selected.view_as(scores)
+
+
+@torch.no_grad()
+def _stats(
+    loss: Tensor,
+    batch: PolicyBatch,
+    ratio: Tensor,
+    flagged: Tensor,
+    *,
+    token_adv: Tensor,
+    kl_ref: Tensor | None,
+) -> Stats:
+    """The standard stats with the flagged tokens as `clipped`, split low (A <= 0) / high (A > 0)
+    like PPO's clip (whose high clips all have A > 0): a token selected at r_t = 1 has no side."""
+    units = ClipUnits(ratio, flagged.float(), batch.mask, tokens=None, is_token_ratio=True)
+    stats = policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
+    n_tokens = max(int(batch.lengths.sum()), 1)
+    high = int((flagged & (token_adv > 0)).sum())
+    stats["clip_frac_high"] = high / n_tokens
+    stats["clip_frac_low"] = (int(flagged.sum()) - high) / n_tokens
+    return stats
+
+
+@PolicyLoss
+def clip_cov_loss(
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
+) -> tuple[Tensor, Stats]:
+    """Clip-Cov (Cui et al. 2025, sec. 4.3): PPO-clip with the gradient of a few tokens cut.
+
+        L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   for t not in I
+        L_t = 0                                                           for t in I
+        I   = r N tokens drawn from { t not clipped : omega_low < Cov_t < omega_high }
+
+    one mean over the batch's N response tokens (token-mean, as the authors' DAPO recipes).
+    advantages [B] or [B, T]; `is_weights` multiply each token's term. With no token selected
+    (r = 0, or no candidate) it is GRPO's token-mean surrogate. `options`: `ClipCovOptions`.
+
+    Stats: clipped = PPO-clipped or selected (both have gradient zero), split by sign of A.
+    """
+    if not isinstance(options, ClipCovOptions):
+        raise TypeError(f"clip_cov_loss needs ClipCovOptions; got {type(options).__name__}")
+    options = with_aggregation(options, "token-mean")
+    mask, lengths = batch.mask, batch.lengths
+    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    pg_loss, ratio, clipped = clipped_surrogate(
+        batch.log_ratio, token_adv, options.eps_low, options.eps_high
+    )
+    cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
+    candidates = mask & (clipped == 0) & (cov > options.cov_low) & (cov < options.cov_high)
+    count = selection_count(options.clip_fraction, int(lengths.sum()))
+    selected = choose_tokens(candidates, count, cov)  # (B, T)
+    pg_loss = torch.where(selected, 0.0, pg_loss)  # value and gradient 0 on I
+    if batch.is_weights is not None:
+        pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
+    loss = aggregate_padded(pg_loss, lengths, "token-mean")
+    loss, kl_ref = add_kl_ref(loss, batch, options)
+    flagged = (clipped > 0) | selected
+    return loss, _stats(loss, batch, ratio, flagged, token_adv=token_adv, kl_ref=kl_ref)
+
+
+@PolicyLoss
+def kl_cov_loss(
+    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
+) -> tuple[Tensor, Stats]:
+    """KL-Cov (Cui et al. 2025, sec. 4.3): the unclipped surrogate, KL-penalised on a few tokens.
+
+        L_t = -A_t r_t                               for t not in I
+        L_t = -A_t r_t + beta |log r_t|              for t in I = the k N tokens of top Cov_t
+
+    one mean over the batch's N response tokens (token-mean, as the authors' recipes). |log r_t|
+    is the authors' per-token KL(pi_old || pi_theta); its gradient beta sign(log r_t) pulls the
+    token back to pi_old (0 at r_t = 1). No clip range: eps_low/eps_high are unread. With no
+    token selected (k = 0) or beta = 0 it is the plain policy-gradient surrogate. advantages [B]
+    or [B, T]; `is_weights` multiply each token's term. `options`: `KLCovOptions`.
+
+    Stats: clipped = KL-penalised tokens (gradient changed, not zeroed), split by sign of A.
+    """
+    if not isinstance(options, KLCovOptions):
+        raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
+    options = with_aggregation(options, "token-mean")
+    mask, lengths = batch.mask, batch.lengths
+    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    log_ratio = batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 off mask
+    ratio = torch.exp(log_ratio)  # (B, T)
+    cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
+    selected = top_tokens(cov, selection_count(options.kl_fraction, int(lengths.sum())))
+    penalty = torch.where(selected, options.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
+    pg_loss = -token_adv * ratio + penalty  # (B, T)  0 off the mask
+    if batch.is_weights is not None:
+        pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
+    loss = aggregate_padded(pg_loss, lengths, "token-mean")
+    loss, kl_ref = add_kl_ref(loss, batch, options)
+    stats = _stats(loss, batch, ratio.detach(), selected, token_adv=token_adv, kl_ref=kl_ref)
+    return loss, stats
