@@ -4,6 +4,7 @@ one objective."""
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import sys
@@ -39,6 +40,11 @@ DECLARED = {
     "gspo_token": ("group", False, (3e-4, 4e-4), {"sequences"}),
     "grpo": ("group", False, (0.2, 0.2), {"tokens", "sequences"}),
     "ppo": ("gae", True, (0.2, 0.2), {"tokens"}),
+    "cispo": ("group", False, (1.0, 0.2), {"tokens"}),
+    "sapo": ("group", False, (math.inf, math.inf), {"sequences"}),  # no clip range
+    "gmpo": ("group", False, (0.4, 0.4), {"sequences"}),  # in log space
+    "clip_cov": ("group", False, (1.0, 1.0), {"tokens"}),
+    "kl_cov": ("group", False, (math.inf, math.inf), {"tokens"}),  # no clip range
 }
 
 
