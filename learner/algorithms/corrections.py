@@ -31,8 +31,10 @@ The corrections (rho_seq = prod_t rho_t, rho_geo = exp(mean_t log rho_t); thresh
   defaults [0.5, 5] (Ling team 2025, Ring-1T "IcePop"). Equal to `mis_token` at the same bounds.
 
 What this does to GSPO's sequence ratio s_i = exp(mean_t log pi_theta / pi_old): with `naive`,
-s_i starts at rho_geo^-1 (staleness and engine gap inside the ratio, so GSPO's tight clip,
-3e-4 / 4e-4, clips almost every stale sequence and its gradient is zero); with every other
+pi_old = mu and pi_theta = pi_prox at the step's start, so s_i starts at
+exp(mean_t log pi_prox / mu) = rho_geo (staleness and engine gap inside the ratio, so GSPO's
+tight clip, 3e-4 / 4e-4, clips almost every stale sequence and its gradient is zero; pinned by
+`tests/learner/test_corrections.py`); with every other
 correction s_i starts at 1 and the sequence's term is scaled by the mean of its tokens' weights
 (`learner.algorithms.objectives.gspo_loss`): the sequence weight for sequence-level corrections, the
 mean token weight (a token masked out lowers it by 1/|y_i|) for token-level ones.

@@ -14,10 +14,12 @@ from buffer.collate import collate
 from contract import metrics as M
 from learner.algorithms.correction_spec import CORRECTIONS, correction_spec
 from learner.algorithms.corrections import correction_weights
+from learner.algorithms.objectives import POLICY_LOSSES
 from learner.config import (
     ArmBase,
     EquivalentArmsWarning,
     LearnerConfig,
+    default_options,
     make_arm,
     warn_equivalent_arms,
 )
@@ -191,3 +193,24 @@ def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(t
     assert decoupled[M.OFFPOLICY_WEIGHT_MEAN] == pytest.approx(math.exp(0.3), rel=1e-5)
     assert naive[M.POLICY_LOSS] != decoupled[M.POLICY_LOSS]
     assert any(not torch.equal(a, b) for a, b in zip(naive_params, decoupled_params, strict=True))
+
+
+def test_naive_gspo_sequence_ratio_starts_at_rho_geo() -> None:
+    """With `naive`, pi_old = mu and the step starts at pi_theta = pi_prox, so GSPO's
+    s_i = exp(mean_t log pi_prox / mu) = rho_geo, not its inverse (the module docstring).
+    Row 0: log rho = (+0.2, -0.05, +0.15) -> mean 0.1 -> s_0 = e^0.1 = 1.105171;
+    row 1: log rho = (-0.3, -0.1) -> mean -0.2 -> s_1 = e^-0.2 = 0.818731."""
+    mu = torch.tensor([[-1.0, -2.0, -0.5], [-0.7, -1.2, 0.0]])
+    log_rho = torch.tensor([[0.2, -0.05, 0.15], [-0.3, -0.1, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    pi_prox = mu + log_rho
+    naive = correction_spec("naive")
+    weights, _ = correction_weights(naive, pi_prox, mu, mask)
+    assert weights is None and not naive.uses_proximal  # pi_old = mu, no weight
+    _, stats = POLICY_LOSSES["gspo"](
+        pi_prox, mu, torch.tensor([1.0, -1.0]), mask, default_options("gspo")
+    )
+    rho_geo = [math.exp(0.1), math.exp(-0.2)]  # 1.105171, 0.818731
+    assert stats["ratio_min"] == pytest.approx(min(rho_geo), rel=1e-6)
+    assert stats["ratio_max"] == pytest.approx(max(rho_geo), rel=1e-6)
+    assert stats["ratio_mean"] == pytest.approx(sum(rho_geo) / 2, rel=1e-6)

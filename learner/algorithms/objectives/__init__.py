@@ -19,8 +19,8 @@ clip_frac, clip_frac_low and clip_frac_high are token-weighted (so low + high = 
 every objective; clip_frac_seq is the fraction of non-empty sequences with any clipped token.
 Objectives without a hard clip flag the tokens their own mechanism acts on, as each docstring
 says: CISPO a truncated IS weight (gradient capped, not zeroed), SAPO a gate weight below 1/2,
-GMPO a token clipped in log space (gradient zero), Clip-Cov a PPO-clipped or covariance-selected
-token (gradient zero), KL-Cov a KL-penalised token; the last two split low/high by sign of A.
+GMPO a token clipped in log space (gradient zero), Clip-Cov its PPO clip only (not the tokens
+it selects by covariance, which it cuts at any ratio), KL-Cov a penalised token with r_t != 1.
 
 Numerics: any float dtype is computed in float32; padded slots are replaced by 0 before any
 arithmetic, so values parked there (even inf) change nothing; log-ratios are clamped to [-20, 20]

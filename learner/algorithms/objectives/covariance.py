@@ -69,27 +69,6 @@ def top_tokens(scores: Tensor, count: int) -> Tensor:
     return selected.view_as(scores)
 
 
-@torch.no_grad()
-def _stats(
-    loss: Tensor,
-    batch: PolicyBatch,
-    ratio: Tensor,
-    flagged: Tensor,
-    *,
-    token_adv: Tensor,
-    kl_ref: Tensor | None,
-) -> Stats:
-    """The standard stats with the flagged tokens as `clipped`, split low (A <= 0) / high (A > 0)
-    like PPO's clip (whose high clips all have A > 0): a token selected at r_t = 1 has no side."""
-    units = ClipUnits(ratio, flagged.float(), batch.mask, tokens=None, is_token_ratio=True)
-    stats = policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
-    n_tokens = max(int(batch.lengths.sum()), 1)
-    high = int((flagged & (token_adv > 0)).sum())
-    stats["clip_frac_high"] = high / n_tokens
-    stats["clip_frac_low"] = (int(flagged.sum()) - high) / n_tokens
-    return stats
-
-
 @PolicyLoss
 def clip_cov_loss(
     batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
@@ -104,7 +83,9 @@ def clip_cov_loss(
     advantages [B] or [B, T]; `is_weights` multiply each token's term. With no token selected
     (r = 0, or no candidate) it is GRPO's token-mean surrogate. `options`: `ClipCovOptions`.
 
-    Stats: clipped = PPO-clipped or selected (both have gradient zero), split by sign of A.
+    Stats: clipped = PPO-clipped only, as GRPO's. The selected tokens (gradient zero too, about
+    r of the tokens whenever there are candidates) are cut whatever their ratio, so counting them
+    would break the sanity property that identical policies clip nothing (design section 6).
     """
     if not isinstance(options, ClipCovOptions):
         raise TypeError(f"clip_cov_loss needs ClipCovOptions; got {type(options).__name__}")
@@ -123,8 +104,8 @@ def clip_cov_loss(
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
     loss = aggregate_padded(pg_loss, lengths, "token-mean")
     loss, kl_ref = add_kl_ref(loss, batch, options)
-    flagged = (clipped > 0) | selected
-    return loss, _stats(loss, batch, ratio, flagged, token_adv=token_adv, kl_ref=kl_ref)
+    units = ClipUnits(ratio, clipped, valid=mask, tokens=None, is_token_ratio=True)
+    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
 
 
 @PolicyLoss
@@ -142,7 +123,9 @@ def kl_cov_loss(
     token selected (k = 0) or beta = 0 it is the plain policy-gradient surrogate. advantages [B]
     or [B, T]; `is_weights` multiply each token's term. `options`: `KLCovOptions`.
 
-    Stats: clipped = KL-penalised tokens (gradient changed, not zeroed), split by sign of A.
+    Stats: clipped = selected tokens with r_t != 1, whose gradient the penalty changes (not
+    zeroes); high when r_t > 1, low when r_t < 1. At r_t = 1 the penalty has value and gradient 0,
+    so identical policies clip nothing (design section 6).
     """
     if not isinstance(options, KLCovOptions):
         raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
@@ -159,5 +142,7 @@ def kl_cov_loss(
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
     loss = aggregate_padded(pg_loss, lengths, "token-mean")
     loss, kl_ref = add_kl_ref(loss, batch, options)
-    stats = _stats(loss, batch, ratio.detach(), selected, token_adv=token_adv, kl_ref=kl_ref)
-    return loss, stats
+    with torch.no_grad():
+        penalised = (selected & (log_ratio != 0)).float()  # (B, T)
+        units = ClipUnits(ratio.detach(), penalised, mask, tokens=None, is_token_ratio=True)
+    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
