@@ -258,7 +258,8 @@ class ExperimentConfig(BaseModel):
         # trials' hash and `harness run` skips them without a config-mismatch warning.
         # With plugins, their source digests too: a finished trial of a changed plugin is not
         # the trial this config would run.
-        exclude = {"executor", "seeds", "max_parallel"}
+        # An empty `plugins` is left out so that configs without plugins keep their hash.
+        exclude = {"executor", "seeds", "max_parallel", *(() if self.plugins else ("plugins",))}
         resolved = self.model_dump(mode="json", exclude=exclude)
         if self.plugins:
             resolved["plugin_sources"] = plugin_digests(self.plugins)

@@ -31,7 +31,8 @@ KLEstimator = Literal["k1", "k2", "k3"]
 """Schulman's estimators of a KL divergence from sampled log-ratios (`learner.algorithms.kl`)."""
 
 AdvantageKind = Literal["group", "gae"]
-"""`group`: group-relative, one advantage per sequence [B] (GRPO/GSPO; sequence-level).
+"""`group`: one advantage per sequence [B] from the rewards alone (GRPO/GSPO; sequence-level),
+by the arm's `adv_estimator` (group-relative, RLOO, or REINFORCE++'s batch normalisation).
 `gae`: GAE on the critic's values with a terminal reward, whitened, per token [B, T] (PPO)."""
 
 LossUnits = Literal["tokens", "sequences"]

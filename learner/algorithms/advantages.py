@@ -108,7 +108,7 @@ def batch_whiten(x: Tensor, lengths: Tensor, shift_mean: bool = True) -> Tensor:
 
 
 def reinforce_pp_advantages(rewards: Tensor, lengths: Tensor) -> Tensor:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262): A_i = (r_i - mean_batch r) / (std_batch r + 1e-6).
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262): A_i = (r_i - mean_batch) / (std_batch + eps).
 
     With an outcome reward, gamma = 1 and no KL in the reward (this harness keeps the KL to the
     reference in the loss, `beta`), the return of every response token is its sequence's reward
@@ -116,21 +116,24 @@ def reinforce_pp_advantages(rewards: Tensor, lengths: Tensor) -> Tensor:
     advantage normalisation, not per group); verl's `compute_reinforce_plus_plus_outcome_advantage`
     whitens them over every response token of the batch, so here a sequence weighs once per
     response token (`batch_whiten`). Differences from verl, both negligible at batch scale:
-    population std with eps added to the std (this repo's convention, as PPO's `whiten`), where
-    verl uses the Bessel-corrected variance and rsqrt(var + 1e-8). Groups play no part.
+    population std with eps = 1e-6 added to the std (this repo's convention, as PPO's `whiten`),
+    where verl uses the Bessel-corrected variance and rsqrt(var + 1e-8). Groups play no part, and
+    `learner.gamma` (PPO's GAE discount) is not read: gamma = 1 keeps the advantage per sequence.
     """
     return batch_whiten(rewards, lengths, shift_mean=True)  # (B,)
 
 
 def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, lengths: Tensor) -> Tensor:
-    """REINFORCE++-baseline (Hu 2025, arXiv:2501.03262): A_i = (r_i - mean_g r) / std_batch.
+    """REINFORCE++-baseline (Hu et al. 2025, arXiv:2501.03262): A_i = (r_i - mean_g r) / std_batch.
 
     The group mean is the baseline (k > 1 samples per prompt); the group-centred rewards are then
     divided by their std over every response token of the batch (global, not per group), plus
-    1e-6. No second mean shift: verl's `compute_reinforce_plus_plus_baseline_outcome_advantage`
-    re-centres on the token mean, which with ragged lengths gives constant groups a small
-    nonzero advantage; here a group whose rewards are all equal keeps exactly 0, as in the
-    paper's formula applied per sequence. A group of one gets 0 (verl: mean taken as 0).
+    1e-6. The paper whitens, (A - mean_batch A) / std_batch A; per sequence the batch mean of
+    group-centred rewards is exactly 0, so only the division is left, and it is all that is done
+    here. Over tokens that mean is not 0 when lengths differ: verl's
+    `compute_reinforce_plus_plus_baseline_outcome_advantage` re-centres on it, giving every
+    constant group a small nonzero advantage -mean / std; here a group whose rewards are all
+    equal keeps exactly 0. A group of one gets 0 (verl: its mean taken as 0, A = r / std).
     """
     centred = group_advantages(rewards, group_size, norm="mean_only")  # (B,) exact 0 if constant
     return batch_whiten(centred, lengths, shift_mean=False)  # (B,)

@@ -82,6 +82,7 @@ class PPOArm(ArmBase):
     unread_hints: ClassVar[dict[str, str]] = {
         "agg": "PPO's loss is a token mean (fixed)",
         "adv_norm": "PPO's advantages come from GAE on its critic, whitened per batch",
+        "adv_estimator": "PPO's advantages come from GAE on its critic, whitened per batch",
     }
 
     objective: Literal["ppo"] = Field(description="Which policy objective the arm trains.")

@@ -135,7 +135,8 @@ def kl_cov_loss(
     log_ratio = batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 off mask
     ratio = torch.exp(log_ratio)  # (B, T)
     cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
-    selected = top_tokens(cov, selection_count(options.kl_fraction, int(lengths.sum())))
+    fraction = options.kl_fraction if options.kl_coef > 0 else 0.0  # beta 0: no penalty at all
+    selected = top_tokens(cov, selection_count(fraction, int(lengths.sum())))
     penalty = torch.where(selected, options.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
     pg_loss = -token_adv * ratio + penalty  # (B, T)  0 off the mask
     if batch.is_weights is not None:

@@ -1,0 +1,154 @@
+"""What CISPO, SAPO, GMPO, Clip-Cov and KL-Cov share with every objective (design section 6):
+the standard stats, ratio 1 and nothing clipped at identical policies, padding changing nothing,
+the reference-KL term, dtypes, empty batches; and their arm configs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from learner.algorithms.options import ClipCovOptions, KLCovOptions, SAPOOptions
+from learner.config import ArmConfig, make_arm
+from tests.learner.objective_inputs import (
+    STAT_KEYS,
+    identical_batch,
+    layout,
+    leaf,
+    loss_of,
+    opts,
+    response,
+)
+
+ZOO = ["cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
+LN = math.log
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_identical_policies_ratio_one_nothing_clipped(name: str) -> None:
+    lp, mask, adv = identical_batch()
+    logprobs = leaf(lp)
+    loss, stats = loss_of(name)(logprobs, lp.clone(), adv, mask, opts(name))
+    loss.backward()
+    assert loss.dtype == torch.float32 and set(stats) == STAT_KEYS
+    for key in ("ratio_mean", "ratio_min", "ratio_max", "ratio_seq_mean", "ratio_token_mean"):
+        assert stats[key] == 1.0, key
+    for key in ("clip_frac", "clip_frac_seq", "clip_frac_low", "clip_frac_high", "kl_old"):
+        assert stats[key] == 0.0, key
+    assert torch.all(logprobs.grad[~mask] == 0) and torch.all(torch.isfinite(logprobs.grad))
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_padding_and_prompt_slots_change_nothing(name: str) -> None:
+    """Uneven rows laid out at two widths, with different junk (even inf / nan) off the mask."""
+    rows = [[-0.3, -1.2, -2.0], [-0.8], [-0.1, -0.4]]
+    shifts = [[0.1, -0.5, 0.3], [-0.2], [0.6, -0.1]]
+    adv = torch.tensor([1.5, -0.5, 0.7])
+    results = []
+    for prompt, width, junk in ((2, 6, -7.5), (3, 9, math.inf)):
+        lp, mask = layout(rows, prompt=prompt, width=width, junk=junk)
+        l_rows, _ = layout(shifts, prompt=prompt, width=width, junk=0.0)
+        weights, _ = layout([[0.9, 1.1, 1.0], [0.7], [1.2, 0.8]], prompt, width, math.nan)
+        logprobs = leaf(lp)
+        old = torch.where(mask, lp - l_rows, junk)
+        loss, stats = loss_of(name)(logprobs, old, adv, mask, opts(name), is_weights=weights)
+        loss.backward()
+        assert torch.all(logprobs.grad[~mask] == 0)
+        results.append((loss.item(), response(logprobs.grad, mask), stats))
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_kl_reference_term_added_with_beta(name: str) -> None:
+    lp, mask = layout([[-0.5, -0.6], [-0.7]])
+    logprobs = leaf(lp)
+    ref = lp + LN(2.0)  # log r = ln 2 on every token: k3 = 2 - 1 - ln 2 = 0.306852819
+    adv = torch.zeros(2)  # A = 0: only the KL term is left
+    loss, stats = loss_of(name)(logprobs, lp, adv, mask, opts(name, beta=0.1), ref_logprobs=ref)
+    loss.backward()
+    assert stats["kl_ref"] == pytest.approx(0.306852819, rel=1e-6)
+    assert loss.item() == pytest.approx(0.0306852819, rel=1e-6)
+    # d k3 / d log pi = 1 - r = -1, times beta and the objective's own aggregation weights.
+    token_mean = name in {"cispo", "clip_cov", "kl_cov"}
+    weights = [[1 / 3, 1 / 3], [1 / 3]] if token_mean else [[1 / 4, 1 / 4], [1 / 2]]
+    for got, want in zip(response(logprobs.grad, mask), weights, strict=True):
+        assert got == pytest.approx([-0.1 * w for w in want], rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_bf16_inputs_give_float32_loss(name: str) -> None:
+    lp, mask, adv = identical_batch()
+    low = leaf(lp.bfloat16())
+    old = (lp + 0.05).bfloat16()
+    loss, _ = loss_of(name)(low, old, adv.bfloat16(), mask, opts(name))
+    loss.backward()
+    assert loss.dtype == torch.float32 and low.grad.dtype == torch.bfloat16
+    ref, _ = loss_of(name)(
+        low.detach().float(), old.float(), adv.bfloat16().float(), mask, opts(name)
+    )
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_batch_without_response_tokens_gives_zero_loss_with_graph(name: str) -> None:
+    lp = leaf(torch.full((2, 4), -1.0))
+    mask = torch.zeros(2, 4, dtype=torch.bool)
+    loss, stats = loss_of(name)(lp, lp.detach() + 3.0, torch.ones(2), mask, opts(name))
+    assert loss.item() == 0.0 and loss.requires_grad
+    loss.backward()
+    assert torch.all(lp.grad == 0) and all(math.isfinite(v) for v in stats.values())
+    assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_far_off_policy_tokens_stay_finite(name: str) -> None:
+    """A floored log-prob (-87, a token outside the nucleus) against a normal one, both ways."""
+    lp, mask = layout([[-87.3, -0.5], [-0.2]])
+    old, _ = layout([[-0.4, -87.3], [-0.3]])
+    logprobs = leaf(lp)
+    loss, stats = loss_of(name)(logprobs, old, torch.tensor([1.0, -1.0]), mask, opts(name))
+    loss.backward()
+    assert math.isfinite(loss.item()) and torch.all(torch.isfinite(logprobs.grad))
+    assert all(math.isfinite(v) for v in stats.values())
+
+
+def test_arms_build_their_options() -> None:
+    sapo = make_arm(name="s", objective="sapo", tau_neg=2.0).objective_options(16)
+    assert sapo == SAPOOptions(
+        eps_low=math.inf, eps_high=math.inf, agg="seq-mean-token-mean", tau_pos=1.0, tau_neg=2.0
+    )
+    clip_cov = make_arm(name="c", objective="clip_cov", beta=0.1).objective_options(16)
+    assert clip_cov == ClipCovOptions(
+        eps_low=1.0, eps_high=1.0, agg="token-mean", beta=0.1,
+        clip_fraction=2e-4, cov_low=1.0, cov_high=5.0,
+    )  # fmt: skip
+    kl_cov = make_arm(name="k", objective="kl_cov").objective_options(16)
+    assert kl_cov == KLCovOptions(
+        eps_low=math.inf, eps_high=math.inf, agg="token-mean", kl_fraction=2e-3, kl_coef=1.0
+    )
+    gmpo = make_arm(name="g", objective="gmpo", eps_high=0.6).objective_options(16)
+    assert (gmpo.eps_low, gmpo.eps_high, gmpo.agg) == (0.4, 0.6, "seq-mean-token-mean")
+
+
+@pytest.mark.parametrize(("name", "hint"), [("sapo", "tau_pos/tau_neg"), ("kl_cov", "kl_coef")])
+def test_clip_free_arms_refuse_a_clip_range_by_name(name: str, hint: str) -> None:
+    with pytest.raises(ValidationError, match=rf"does not read eps_high \(.*{hint}.*only .*grpo"):
+        make_arm(name="a", objective=name, eps_high=0.2)
+
+
+def test_clip_cov_bounds_must_leave_room_for_candidates() -> None:
+    with pytest.raises(ValidationError, match=r"cov_low=5.0 must be below cov_high=1.0"):
+        make_arm(name="c", objective="clip_cov", cov_low=5.0, cov_high=1.0)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_arms_dump_and_validate_again(name: str) -> None:
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(ArmConfig)
+    arm = make_arm(name="a", objective=name, beta=0.05)
+    dumped = adapter.dump_python(arm)
+    assert "eps_low" not in dumped if name in {"sapo", "kl_cov"} else "eps_low" in dumped
+    assert adapter.validate_python(dumped) == arm
