@@ -59,14 +59,32 @@ def test_choose_tokens_is_deterministic_and_leaves_global_rng_alone() -> None:
     candidates = torch.rand(6, 50, generator=gen) < 0.4
     scores = torch.randn(6, 50, generator=gen)
     state = torch.get_rng_state()
-    first = choose_tokens(candidates, 5, scores)
-    assert torch.equal(first, choose_tokens(candidates.clone(), 5, scores.clone()))
+    mask = torch.ones_like(candidates)
+    first = choose_tokens(candidates, 5, scores, mask)
+    assert torch.equal(first, choose_tokens(candidates.clone(), 5, scores.clone(), mask))
     assert torch.equal(torch.get_rng_state(), state)
     assert int(first.sum()) == 5 and not torch.any(first & ~candidates)
     # At most `count` candidates: all of them, no draw.
-    assert torch.equal(choose_tokens(candidates, 10_000, scores), candidates)
-    # Other scores, another draw (the seed reads the candidates' values).
-    assert not torch.equal(first, choose_tokens(candidates, 5, scores + 1.0))
+    assert torch.equal(choose_tokens(candidates, 10_000, scores, mask), candidates)
+    # Other keys, another draw (the seed reads the candidates' input values).
+    assert not torch.equal(first, choose_tokens(candidates, 5, scores + 1.0, mask))
+
+
+def test_clip_cov_draw_ignores_padding() -> None:
+    """The same rows at two layouts (prompt slots, padding) cut the same tokens, with many
+    candidates (bounds wide open) and several draws."""
+    gen = torch.Generator().manual_seed(5)
+    rows = [(-3 * torch.rand(n, generator=gen)).tolist() for n in (7, 2, 9, 4)]
+    adv = torch.tensor([1.0, -0.5, 0.3, -1.2])
+    options = opts("clip_cov", clip_fraction=0.25, cov_low=-100.0, cov_high=100.0)
+    cut = []
+    for prompt, width in ((2, 12), (5, 20)):
+        lp, mask = layout(rows, prompt=prompt, width=width)
+        logprobs = leaf(lp)
+        clip_cov_loss(logprobs, lp, adv, mask, options)[0].backward()
+        cut.append([[g == 0.0 for g in row] for row in response(logprobs.grad, mask)])
+    assert cut[0] == cut[1]
+    assert sum(map(sum, cut[0])) == 5  # floor(0.25 * 22) = 5 of 22 candidates
 
 
 def test_top_tokens_breaks_ties_by_position() -> None:
@@ -141,20 +159,19 @@ def test_kl_cov_hand_worked() -> None:
     assert loss.item() == pytest.approx((-6 + 0.5 + 2 + LN(2.0)) / 5, rel=1e-6)
     # dL/dlogpi = (-A r + beta sign(l) on the selected token) / 5: -0.4 x 3 | 0.1, (2 + 1) / 5
     assert_rows(response(logprobs.grad, mask), [[-0.4, -0.4, -0.4], [0.1, 0.6]])
-    # One penalised token with r = 2 > 1: clipped high; 1 of 2 sequences.
-    assert stats["clip_frac"] == pytest.approx(0.2) == stats["clip_frac_high"]
-    assert stats["clip_frac_low"] == 0.0 and stats["clip_frac_seq"] == 0.5
+    # KL-Cov clips nothing: the penalised share is set by k (and kl_old shows the move).
+    assert stats["clip_frac"] == stats["clip_frac_seq"] == 0.0
+    assert stats["kl_old"] == pytest.approx((0.5 - 1 - LN(0.5) + 2 - 1 - LN(2.0)) / 5, rel=1e-6)
 
 
 def test_kl_cov_penalty_pulls_a_lowered_token_back_up() -> None:
     # Same selection with the selected token at r = 0.5: penalty ln 2, gradient -beta / 5.
     logprobs, old, adv, mask = case([[0, 0, 0], [0, LN(0.5)]])
-    loss, stats = kl_cov_loss(logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
+    loss, _ = kl_cov_loss(logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
     loss.backward()
     # Terms: -2 x 3 | 1, 0.5 + ln 2; gradient of the selected token (0.5 - 1) / 5 = -0.1
     assert loss.item() == pytest.approx((-6 + 1 + 0.5 + LN(2.0)) / 5, rel=1e-6)
     assert_rows(response(logprobs.grad, mask), [[-0.4, -0.4, -0.4], [0.2, -0.1]])
-    assert stats["clip_frac_low"] == pytest.approx(0.2)
 
 
 @pytest.mark.parametrize("overrides", [{"kl_fraction": 0.0}, {"kl_coef": 0.0}])

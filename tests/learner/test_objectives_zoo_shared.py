@@ -57,7 +57,11 @@ def test_padding_and_prompt_slots_change_nothing(name: str) -> None:
         loss.backward()
         assert torch.all(logprobs.grad[~mask] == 0)
         results.append((loss.item(), response(logprobs.grad, mask), stats))
-    assert results[0] == results[1]
+    (loss_a, grad_a, stats_a), (loss_b, grad_b, stats_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)  # sums over other widths: rounding only
+    for row_a, row_b in zip(grad_a, grad_b, strict=True):
+        assert row_a == pytest.approx(row_b, rel=1e-6)
+    assert stats_a == pytest.approx(stats_b, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ZOO)

@@ -20,7 +20,8 @@ every objective; clip_frac_seq is the fraction of non-empty sequences with any c
 Objectives without a hard clip flag the tokens their own mechanism acts on, as each docstring
 says: CISPO a truncated IS weight (gradient capped, not zeroed), SAPO a gate weight below 1/2,
 GMPO a token clipped in log space (gradient zero), Clip-Cov its PPO clip only (not the tokens
-it selects by covariance, which it cuts at any ratio), KL-Cov a penalised token with r_t != 1.
+it selects by covariance, which it cuts at any ratio); KL-Cov clips nothing (its penalised
+tokens are a fixed share; see `covariance.kl_cov_loss`).
 
 Numerics: any float dtype is computed in float32; padded slots are replaced by 0 before any
 arithmetic, so values parked there (even inf) change nothing; log-ratios are clamped to [-20, 20]

@@ -42,18 +42,21 @@ def selection_count(fraction: float, n_tokens: int) -> int:
     return max(1, int(fraction * n_tokens))
 
 
-def choose_tokens(candidates: Tensor, count: int, scores: Tensor) -> Tensor:
-    """`count` of the `candidates` [B, T] (bool) drawn uniformly without replacement, as a bool
-    [B, T] mask; all of them when there are at most `count`.
+def choose_tokens(candidates: Tensor, count: int, keys: Tensor, mask: Tensor) -> Tensor:
+    """`count` of the `candidates` [B, T] (bool, within the response `mask`) drawn uniformly
+    without replacement, as a bool [B, T] mask; all of them when there are at most `count`.
 
-    The draw is seeded by the candidates themselves (their flat positions and the bits of their
-    `scores`), on a CPU generator: the same tensors choose the same tokens on any device, and
-    different batches draw differently, with no global random state touched.
+    The draw is seeded by the candidates themselves, their ordinals among the response tokens and
+    the bits of their `keys` (inputs such as log-probs, not reduced values, whose rounding could
+    depend on the padded width), on a CPU generator: the same inputs choose the same tokens on
+    any device and at any padding, different batches draw differently, and no global random
+    state is touched.
     """
-    flat = candidates.flatten().nonzero().squeeze(-1)  # (M,)
+    flat = candidates.flatten().nonzero().squeeze(-1)  # (M,)  in response-token order
     if count < flat.numel():
-        bits = scores.flatten()[flat].float().contiguous().view(torch.int32).long()
-        seed = int(bits.sum() + flat.sum()) & (2**63 - 1)
+        ordinals = mask.flatten().long().cumsum(0)[flat]  # (M,)  1-based, padding-free
+        bits = keys.flatten()[flat].float().contiguous().view(torch.int32).long()
+        seed = int(bits.sum() + ordinals.sum()) & (2**63 - 1)
         order = torch.randperm(flat.numel(), generator=torch.Generator().manual_seed(seed))
         flat = flat[order[:count].to(flat.device)]
     selected = torch.zeros(candidates.numel(), dtype=torch.bool, device=candidates.device)
@@ -98,7 +101,7 @@ def clip_cov_loss(
     cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
     candidates = mask & (clipped == 0) & (cov > options.cov_low) & (cov < options.cov_high)
     count = selection_count(options.clip_fraction, int(lengths.sum()))
-    selected = choose_tokens(candidates, count, cov)  # (B, T)
+    selected = choose_tokens(candidates, count, batch.logprobs.detach(), mask)  # (B, T)
     pg_loss = torch.where(selected, 0.0, pg_loss)  # value and gradient 0 on I
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
@@ -123,9 +126,10 @@ def kl_cov_loss(
     token selected (k = 0) or beta = 0 it is the plain policy-gradient surrogate. advantages [B]
     or [B, T]; `is_weights` multiply each token's term. `options`: `KLCovOptions`.
 
-    Stats: clipped = selected tokens with r_t != 1, whose gradient the penalty changes (not
-    zeroes); high when r_t > 1, low when r_t < 1. At r_t = 1 the penalty has value and gradient 0,
-    so identical policies clip nothing (design section 6).
+    Stats: nothing is clipped (clip fractions 0). The penalised tokens are a share set by k, and
+    |log r_t| is not smooth at 0: the penalty's gradient is a full beta sign(log r_t) even for an
+    engine-rounding gap of 1e-7, so counting them would break the sanity property that identical
+    policies clip nothing (design section 6). kl_old shows how far the ratios moved.
     """
     if not isinstance(options, KLCovOptions):
         raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
@@ -144,6 +148,6 @@ def kl_cov_loss(
     loss = aggregate_padded(pg_loss, lengths, "token-mean")
     loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
-        penalised = (selected & (log_ratio != 0)).float()  # (B, T)
-        units = ClipUnits(ratio.detach(), penalised, mask, tokens=None, is_token_ratio=True)
+        none = torch.zeros_like(ratio)  # (B, T)  nothing clipped
+        units = ClipUnits(ratio.detach(), none, mask, tokens=None, is_token_ratio=True)
     return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
