@@ -48,9 +48,9 @@ class SyntheticSpec:
     failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
     mode: StalenessMode = "fixed"
     # Also write the off-policy, staleness-accounting and MoE columns (analysis.sections.
-    # corrections), with known effects: ESS falls and drops rise with lag; dropped groups score lower and run
-    # longer than trained ones, so the trained-vs-read bias is positive on reward, negative on
-    # length. Off by default: its own rng, so the other columns do not change with it.
+    # corrections), with known effects: ESS falls and drops rise with lag; dropped groups score
+    # lower and run longer than trained ones, so the trained-vs-read bias is positive on reward,
+    # negative on length. Off by default: its own rng, so the other columns do not change with it.
     corrections: bool = False
     prompts_per_step: int = 8  # trained groups per step, for the per-step bias metrics
     # Eval suites: also write evals.parquet with these eval sets (the first is the primary one,
