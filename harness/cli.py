@@ -4,6 +4,10 @@ Errors the user can fix (bad config, missing model or task file, unreadable task
 trial, unreachable Redis) exit non-zero with one line naming the field or file; tracebacks are kept
 for bugs. Every such error is a ConfigError (or a subclass: ModelPathError, TaskFileError), so each
 command needs one `except ConfigError`.
+
+Each command imports what it runs inside its own body: `harness --help` and a config error answer
+without loading torch, vLLM, Ray or matplotlib. None of these imports hides a cycle
+(`tests/contract/test_dependencies.py` counts them).
 """
 
 from __future__ import annotations

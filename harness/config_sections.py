@@ -293,7 +293,7 @@ class ExecutorConfig(BaseModel):
         default="local",
         description="`local`: every trial and its components are subprocesses of `harness run`. "
         "`ray`: each trial's learner and generators are Ray actors in one placement group per "
-        "trial (harness.trial.ray_components); the trial's supervisor and Redis stay on the "
+        "trial (harness.executors.ray_components); the trial's supervisor and Redis stay on the "
         "driver's node.",
     )
     address: str | None = Field(

@@ -15,6 +15,8 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _torch(gen_cfg: GenerationConfig, model_dir: Path, seed: int) -> Generator:
+    # Each backend is imported only when chosen: vLLM's import takes seconds and needs its
+    # extra installed, and neither backend imports this module (no cycle is hidden here).
     from harness.generators.torch_backend import TorchGenerator
 
     del seed  # every sample carries its own seed; nothing else is random

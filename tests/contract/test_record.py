@@ -16,7 +16,7 @@ from contract.record import (
 )
 from contract.trial import TrialStatus
 
-# What harness/trial/supervisor.py writes when a trial starts (every key it writes).
+# What harness/trial/prepare.py writes when a trial starts (every key it writes).
 RUNNER_RECORD = {
     "experiment": "quickstart",
     "trial_name": "gspo__seed0__lag2__fixed",
