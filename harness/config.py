@@ -182,6 +182,8 @@ class ExperimentConfig(BaseModel):
         names = [arm.name for arm in self.arms]
         if len(set(names)) != len(names):
             raise ValueError(f"arm names must be unique, got {names}")
+        for arm in self.arms:
+            arm.training_settings(self.learner)  # an arm's own optimiser settings must fit too
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
         check_unique_names(self.evals, self.train_tasks)

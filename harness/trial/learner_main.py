@@ -133,9 +133,10 @@ def name_initial_weights(versions: VersionRegistry, paths: TrialPaths, model_dir
 def learner_task(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
 ) -> LearnerTask:
+    arm = cfg.arm(spec.arm)
     return LearnerTask(
-        arm=cfg.arm(spec.arm),
-        learner=cfg.learner,
+        arm=arm,
+        learner=arm.training_settings(cfg.learner),  # the shared settings with the arm's own
         mode=spec.mode,
         lag=spec.lag,
         seed=spec.seed,

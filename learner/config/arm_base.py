@@ -16,7 +16,6 @@ import re
 from typing import Annotated, Any, ClassVar, get_args
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PlainValidator,
@@ -30,6 +29,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
 from learner.algorithms.options import ObjectiveOptions
+from learner.config.arm_training import TrainingOverrides
 from learner.config.shared import LearnerConfig
 from learner.vocabulary import (
     AdvantageEstimator,
@@ -46,9 +46,10 @@ from learner.vocabulary import (
 _ARM_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
-class ArmBase(BaseModel):
+class ArmBase(TrainingOverrides):
     """What every arm has: a name, a clip range, the KL-to-reference term, an off-policy
-    correction and MoE routing replay. Subclasses add their objective's own settings."""
+    correction, MoE routing replay and its own optimiser settings (`TrainingOverrides`).
+    Subclasses add their objective's own settings."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -136,6 +137,19 @@ class ArmBase(BaseModel):
                 ) from None
         return self
 
+    def dump_omits(self) -> set[str]:
+        """Fields left out of the dump: what the arm does not read under its other settings,
+        and optimiser overrides left unset (so they change no config's hash). A dumped arm
+        validates again to the same arm."""
+        return self.unset_training_fields()
+
+    @model_serializer(mode="wrap")
+    def _dump_read_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        for name in self.dump_omits():
+            data.pop(name, None)
+        return data
+
     @classmethod
     def default_clip(cls) -> tuple[float, float]:
         """(eps_low, eps_high) of an arm that sets none: the objective's paper defaults."""
@@ -206,17 +220,13 @@ class GroupArm(ArmBase):
             )
         return self
 
-    @model_serializer(mode="wrap")
-    def _dump_read_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Dump only what the arm reads, so a dumped arm validates again: `adv_norm` is left out
-        under another estimator, and `adv_estimator` at its default, so that configs written
-        before the field existed keep their dump, hence their config hash."""
-        data = handler(self)
-        if self.adv_estimator == "group":
-            data.pop("adv_estimator", None)
-        else:
-            data.pop("adv_norm", None)
-        return data
+    def dump_omits(self) -> set[str]:
+        """Settings this arm does not read under its other settings: `adv_norm` under another
+        estimator, and `adv_estimator` at its default, so that configs written before the
+        field existed keep their dump, hence their config hash."""
+        omitted = super().dump_omits()
+        omitted.add("adv_estimator" if self.adv_estimator == "group" else "adv_norm")
+        return omitted
 
 
 ARM_MODELS: dict[str, type[ArmBase]] = {}

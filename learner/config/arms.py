@@ -85,6 +85,11 @@ class PPOArm(ArmBase):
         "adv_estimator": "PPO's advantages come from GAE on its critic, whitened per batch",
     }
 
+    training_fields: ClassVar[tuple[str, ...]] = (*ArmBase.training_fields, "value_lr")
+
     objective: Literal["ppo"] = Field(description="Which policy objective the arm trains.")
     eps_low: float = Field(default=_CLIP_PPO[0], gt=0, lt=1, description="Lower clip range.")
     eps_high: float = Field(default=_CLIP_PPO[1], gt=0, description="Upper clip range.")
+    value_lr: float | None = Field(
+        default=None, gt=0, description="This arm's critic learning rate; unset: learner.value_lr."
+    )

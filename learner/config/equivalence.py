@@ -48,6 +48,10 @@ def warn_equivalent_arms(arms: list[ArmBase], learner: LearnerConfig) -> list[st
     return messages
 
 
+def _updates_per_step(settings: LearnerConfig) -> int:
+    return settings.ppo_epochs * settings.minibatches
+
+
 def warn_single_update(arms: list[ArmBase], learner: LearnerConfig) -> list[str]:
     """Warn (EquivalentArmsWarning) when one update per step makes the objectives' ratios moot.
 
@@ -57,12 +61,11 @@ def warn_single_update(arms: list[ArmBase], learner: LearnerConfig) -> list[str]
     weights (GSPO too when the weights are per sequence). A GSPO-vs-GRPO comparison run that way
     measures only the corrections' weights and the clip-free paths, which is rarely intended.
     """
-    if learner.ppo_epochs * learner.minibatches != 1:
-        return []
     recomputing = [
         arm
         for arm in arms
-        if arm.advantages == "group"  # PPO's critic makes its own path
+        if _updates_per_step(arm.training_settings(learner)) == 1
+        and arm.advantages == "group"  # PPO's critic makes its own path
         and arm.aggregation == "seq-mean-token-mean"
         and arm.correction_for(learner).kind != "naive"
     ]
@@ -71,9 +74,9 @@ def warn_single_update(arms: list[ArmBase], learner: LearnerConfig) -> list[str]
     names = ", ".join(f"{arm.name!r} ({arm.objective})" for arm in recomputing)
     message = (
         f"arms {names} recompute pi_old and take one update per step (learner.ppo_epochs x "
-        "learner.minibatches = 1): every ratio is exactly 1, no clipping engages, and their "
-        "gradients differ only through their correction weights; set learner.minibatches >= 2 "
-        "(or ppo_epochs >= 2) to compare the objectives"
+        "learner.minibatches = 1, or the arm's own): every ratio is exactly 1, no clipping "
+        "engages, and their gradients differ only through their correction weights; set "
+        "learner.minibatches >= 2 (or ppo_epochs >= 2) to compare the objectives"
     )
     warnings.warn(message, EquivalentArmsWarning, stacklevel=2)
     return [message]

@@ -280,7 +280,8 @@ def test_adv_norm_with_another_estimator_is_refused() -> None:
 def test_unknown_estimator_and_ppo_are_refused() -> None:
     with pytest.raises(ValidationError, match="adv_estimator"):
         make_arm(name="x", objective="gspo", adv_estimator="reinforce")
-    with pytest.raises(ValidationError, match=r"does not read adv_estimator \(only gspo"):
+    ppo_hint = r"does not read adv_estimator \(PPO.s advantages come from GAE.*only gspo"
+    with pytest.raises(ValidationError, match=ppo_hint):
         make_arm(name="p", objective="ppo", adv_estimator="rloo")
 
 
