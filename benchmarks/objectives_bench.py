@@ -77,6 +77,10 @@ def make_inputs(batch: int, seq_len: int, group_size: int = 8, seed: int = 0) ->
     )
 
 
+ZOO = ("cispo", "sapo", "gmpo", "clip_cov", "kl_cov")
+"""The objectives added after GSPO/GRPO/PPO (`learner.config.arms_zoo`)."""
+
+
 def cases(x: Inputs, logprobs: Callable[[], Tensor]) -> dict[str, Callable[[], Tensor]]:
     """Name -> closure returning the loss; 'nll' is the baseline. `logprobs()` yields the [B, T]
     logprobs each case starts from (the leaf itself, or log_softmax + gather of leaf logits)."""
@@ -91,6 +95,9 @@ def cases(x: Inputs, logprobs: Callable[[], Tensor]) -> dict[str, Callable[[], T
         )[0],
         "ppo": lambda: losses["ppo"](logprobs(), old, x.token_advantages, mask, defaults["ppo"])[0],
     }
+    for name in ZOO:  # sequence-level advantages, paper defaults
+        options = default_options(name)
+        out[name] = lambda n=name, o=options: losses[n](logprobs(), old, adv, mask, o)[0]
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
         options = replace(default_options("grpo", x.max_len), agg=agg)
         out[f"grpo[{agg}]"] = lambda o=options: losses["grpo"](logprobs(), old, adv, mask, o)[0]
