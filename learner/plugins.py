@@ -40,7 +40,7 @@ from learner.algorithms.objectives import (
     register_policy_loss,
     unregister_policy_loss,
 )
-from learner.config import ARM_MODELS, ArmBase, make_arm, register_arm, unregister_arm
+from learner.config import ArmBase, make_arm, objective_of, register_arm, unregister_arm
 from learner.config.plugin_records import LOADED, PluginInfo, record_plugin
 
 POLICY_STAT_KEYS = frozenset(
@@ -68,9 +68,10 @@ def register_objective(arm: type[ArmBase]) -> Callable[[PolicyLoss], PolicyLoss]
     def register(loss: PolicyLoss) -> PolicyLoss:
         name = _objective_name(arm)
         _check_signature(name, loss)
-        if name in ARM_MODELS and ARM_MODELS[name] is not arm:
-            raise PluginError(f"objective {name!r} is already registered; choose another name")
-        register_arm(arm)
+        try:
+            register_arm(arm)
+        except ValueError as exc:
+            raise PluginError(f"{exc}; choose another name") from None
         register_policy_loss(name, loss)
         try:
             _check_call(name, loss)
@@ -126,11 +127,10 @@ def _import(entry: str):
 def _objective_name(arm: type[ArmBase]) -> str:
     if not (isinstance(arm, type) and issubclass(arm, ArmBase)):
         raise PluginError(f"register_objective(arm=...) takes an ArmBase subclass, got {arm!r}")
-    names = getattr(arm.model_fields.get("objective"), "annotation", None)
-    args = getattr(names, "__args__", ())
-    if len(args) != 1 or not isinstance(args[0], str):
-        raise PluginError(f"{arm.__name__}.objective must be a Literal of one name")
-    return args[0]
+    try:
+        return objective_of(arm)
+    except TypeError as exc:
+        raise PluginError(str(exc)) from None
 
 
 def _check_signature(name: str, loss: Callable[..., object]) -> None:

@@ -235,12 +235,18 @@ then any registered with `register_arm`. Arms are discriminated on `objective` t
 registry rather than a static `Union`, so an objective registered later validates the same way."""
 
 
-def register_arm(model: type[ArmBase]) -> type[ArmBase]:
-    """Register an arm model under the single value of its `objective` Literal (a decorator)."""
+def objective_of(model: type[ArmBase]) -> str:
+    """The one name of an arm model's `objective` Literal (TypeError if it has not one)."""
     names = get_args(model.model_fields["objective"].annotation)
     if len(names) != 1 or not isinstance(names[0], str):
         raise TypeError(f"{model.__name__}.objective must be a Literal of one name, got {names}")
-    (name,) = names
+    return names[0]
+
+
+def register_arm(model: type[ArmBase]) -> type[ArmBase]:
+    """Register an arm model under the single value of its `objective` Literal (a decorator);
+    a name taken by another model is a ValueError."""
+    name = objective_of(model)
     if name in ARM_MODELS and ARM_MODELS[name] is not model:
         raise ValueError(f"objective {name!r} is already registered ({ARM_MODELS[name].__name__})")
     ARM_MODELS[name] = model
