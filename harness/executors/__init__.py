@@ -9,10 +9,9 @@ storage sync asks whether components keep private working copies.
 from __future__ import annotations
 
 from harness.config_sections import ExecutorConfig
-from harness.executors.base import Executor, TrialPool
+from harness.executors.base import Executor
 from harness.executors.local import LocalExecutor
 from harness.executors.ray import RayExecutor
-from harness.experiment.scheduler import CommandBuilder
 
 
 def open_executor(executor: ExecutorConfig) -> Executor:
@@ -22,15 +21,4 @@ def open_executor(executor: ExecutorConfig) -> Executor:
     return LocalExecutor()
 
 
-def open_pool(
-    executor: ExecutorConfig,
-    command: CommandBuilder,
-    max_parallel: int,
-    kill_grace_s: float = 10.0,
-    trial_timeout_s: float | None = None,
-) -> TrialPool:
-    """The trial pool `executor.kind` asks for (not yet entered)."""
-    return open_executor(executor).trial_pool(command, max_parallel, kill_grace_s, trial_timeout_s)
-
-
-__all__ = ["Executor", "open_executor", "open_pool"]
+__all__ = ["Executor", "open_executor"]
