@@ -5,13 +5,15 @@ clipped surrogate's closed-form gradient.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import pytest
 import torch
 
 from learner.algorithms.objectives import clipped_surrogate
+from learner.config import make_arm
+from learner.vocabulary import Objective
 from tests.learner.objective_inputs import (
-    NAMES,
     identical_batch,
     layout,
     leaf,
@@ -21,21 +23,25 @@ from tests.learner.objective_inputs import (
 )
 
 LN = math.log
+ALL_OBJECTIVES = get_args(Objective)  # the properties every objective shares, built-in or zoo
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_OBJECTIVES)
 def test_kl_reference_term_added_with_beta(name: str) -> None:
     lp, mask = layout([[-0.5, -0.6], [-0.7]])
     logprobs = leaf(lp)
     ref = lp + LN(2.0)  # log r = log ref - log pi = ln 2 on every token: k3 = 2 - 1 - ln 2
-    adv = torch.zeros_like(lp) if name == "ppo" else torch.zeros(2)
+    arm = make_arm(name="a", objective=name)
+    adv = torch.zeros_like(lp) if arm.advantages == "gae" else torch.zeros(2)
     loss, stats = loss_of(name)(logprobs, lp, adv, mask, opts(name, beta=0.1), ref_logprobs=ref)
     loss.backward()
     # A = 0, so the loss is 0.1 * k3 = 0.1 * 0.306852819 under every aggregation.
     assert stats["kl_ref"] == pytest.approx(0.306852819, rel=1e-6)
     assert loss.item() == pytest.approx(0.0306852819, rel=1e-6)
-    # d k3 / d log pi = 1 - r = -1, times beta and the aggregation weight of each token.
-    weights = [[1 / 4, 1 / 4], [1 / 2]] if name != "ppo" else [[1 / 3, 1 / 3], [1 / 3]]
+    # d k3 / d log pi = 1 - r = -1, times beta and the aggregation weight of each token: a
+    # token mean (PPO, CISPO, Clip-Cov, KL-Cov) or a mean of sequence means (the others).
+    token_mean = arm.loss_units == "tokens"
+    weights = [[1 / 3, 1 / 3], [1 / 3]] if token_mean else [[1 / 4, 1 / 4], [1 / 2]]
     expected = [[-0.1 * w for w in row] for row in weights]
     got = response(logprobs.grad, mask)
     for got_row, want_row in zip(got, expected, strict=True):
@@ -44,7 +50,7 @@ def test_kl_reference_term_added_with_beta(name: str) -> None:
     assert stats["kl_ref"] == pytest.approx(0.306852819, rel=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_OBJECTIVES)
 def test_bf16_inputs_give_float32_loss(name: str) -> None:
     lp, mask, adv = identical_batch()
     old = (lp + 0.05).bfloat16()
@@ -60,7 +66,7 @@ def test_bf16_inputs_give_float32_loss(name: str) -> None:
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_OBJECTIVES)
 def test_batch_without_response_tokens_gives_zero_loss_with_graph(name: str) -> None:
     lp = leaf(torch.full((2, 4), -1.0))
     mask = torch.zeros(2, 4, dtype=torch.bool)
@@ -72,6 +78,7 @@ def test_batch_without_response_tokens_gives_zero_loss_with_graph(name: str) -> 
     assert all(math.isfinite(v) for v in stats.values())
     for key in ("ratio_mean", "ratio_min", "ratio_max", "ratio_seq_mean", "ratio_token_mean"):
         assert stats[key] == 1.0, key
+    assert stats["clip_frac"] == 0.0
 
 
 def test_clipped_surrogate_gradient_matches_autograd_reference() -> None:
