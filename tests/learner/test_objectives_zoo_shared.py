@@ -24,7 +24,6 @@ from tests.learner.objective_inputs import (
 )
 
 ZOO = ["cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
-LN = math.log
 
 
 @pytest.mark.parametrize("name", ZOO)
