@@ -1,4 +1,5 @@
-"""The report document: title, overview, warnings, every section's blocks, and the methods.
+"""The report document: title, findings, overview, warnings, every other section's blocks, and
+the methods.
 
 Every table is `render.wide_table` of one summary section, so what a reader sees is exactly what
 `summary.parquet` holds. The sections (`analysis.sections`) write their own parts.
@@ -10,7 +11,7 @@ import pandas as pd
 
 from analysis.config import ReportConfig
 from analysis.render import Block
-from analysis.sections import SECTIONS, Page
+from analysis.sections import SECTIONS, Page, findings
 
 METHODS = [
     "IQM (25% trimmed mean; with fewer than 4 values it trims none and equals the mean), "
@@ -76,12 +77,13 @@ def report_blocks(page: Page, *, default_title: str) -> list[Block]:
         else []
     )
     title = f"Comparison report: {', '.join(names) or default_title}"
-    blocks = [Block("h1", title), Block("p", overview(scores, config))]
+    # Findings first: what the statistics support, before how the numbers were made.
+    blocks = [Block("h1", title), *findings.blocks(page), Block("p", overview(scores, config))]
     notes = warnings(scores, config)
     if notes:
         blocks += [Block("h2", "Warnings"), Block("list", items=notes)]
     methods = list(METHODS)
     for section in SECTIONS:
-        blocks += section.blocks(page)
+        blocks += section.blocks(page) if section is not findings else []
         methods += section.METHODS
     return [*blocks, Block("h2", "Methods"), Block("list", items=methods)]

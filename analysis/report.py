@@ -17,7 +17,7 @@ from analysis.config import ReportConfig
 from analysis.document import report_blocks
 from analysis.loading import Experiment, load_experiment
 from analysis.render import to_html, to_markdown
-from analysis.sections import SECTIONS, Inputs, Page, Part
+from analysis.sections import ANALYSIS_ORDER, SECTIONS, Inputs, Page, Part, Section
 from analysis.summary import to_frame
 from analysis.trial_scores import score_trials
 
@@ -42,24 +42,26 @@ class Analysis:
 
     inputs: Inputs
     parts: list[Part]  # one per entry of SECTIONS, in order
-    summary: pd.DataFrame
+    summary: pd.DataFrame  # their rows in SECTIONS order
 
 
 def analyse(
     experiment: Experiment, config: ReportConfig, experiment_dir: Path | None = None
 ) -> Analysis:
-    """Compute every section's rows from the loaded experiment, in document order.
+    """Compute every section's rows from the loaded experiment.
 
     `experiment_dir` is where the experiment lives for the "what to do next" command (None:
-    no command section). Each section sees the summary of the sections before it.
+    no command section). Sections are computed in `ANALYSIS_ORDER`, each seeing the summary of
+    the sections before it there; parts and summary come out in document order (`SECTIONS`).
     """
     inputs = Inputs(experiment, config, score_trials(experiment, config), experiment_dir)
-    parts: list[Part] = []
+    computed: dict[Section, Part] = {}
     summary = to_frame([])
-    for section in SECTIONS:
-        parts.append(section.analyse(inputs, summary))
-        summary = to_frame([r for part in parts for r in part.rows])
-    return Analysis(inputs, parts, summary)
+    for section in ANALYSIS_ORDER:
+        computed[section] = section.analyse(inputs, summary)
+        summary = to_frame([r for part in computed.values() for r in part.rows])
+    parts = [computed[section] for section in SECTIONS]
+    return Analysis(inputs, parts, to_frame([r for part in parts for r in part.rows]))
 
 
 def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dict[str, Path]:

@@ -11,11 +11,14 @@ unconsumed plus the read-but-unacked groups. Producers block while depth >= max_
 with BufferFullError after push_timeout_s; nothing is ever trimmed.
 
 Fixed staleness (`take_batch`) returns the groups of one batch index whatever their arrival order.
-Early arrivals of later batches are stashed in memory while staying pending in Redis, so a
-restarted learner gets them back from its pending list. The stash is bounded by max_depth, which
-must therefore be >= (lag + 1) * prompts_per_step or the learner could wait on groups that cannot
-be pushed. Bounded staleness (`take`) returns groups in arrival order and drops (acks and counts)
-those older than max_lag versions.
+A group its `accept` check refuses is dead-lettered before it is stashed or held, so it never takes
+a real group's place; if the refused copy is the one the outbox admitted under its id, no other
+copy of that id can be pushed, and a take that needs it raises SlotRefusedError at once instead of
+waiting out its timeout. Early arrivals of later batches are stashed in memory while staying
+pending in Redis, so a restarted learner gets them back from its pending list. The stash is bounded
+by max_depth, which must therefore be >= (lag + 1) * prompts_per_step or the learner could wait on
+groups that cannot be pushed. Bounded staleness (`take`) returns groups in arrival order and drops
+(acks and counts) those older than max_lag versions.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -31,17 +34,38 @@ import redis
 from buffer.config import BufferConfig
 from buffer.connection import RunKeys, delete_run
 from buffer.inbox import Delivery, Inbox, settle
-from buffer.outbox import BufferFullError, Outbox
+from buffer.outbox import BufferFullError, Outbox, group_digest
 from buffer.schema import RolloutGroup
 from buffer.telemetry import DROPPED_STALE, Telemetry
 from buffer.tickets import request_stop, stop_requested
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BufferFullError", "Check", "Delivery", "RolloutBuffer", "TakeResult"]
+__all__ = [
+    "BufferFullError",
+    "Check",
+    "Delivery",
+    "RolloutBuffer",
+    "SlotRefusedError",
+    "TakeResult",
+]
 
 Check = Callable[[Delivery], str | None]
 """Why a delivered group must not be trained (it is dead-lettered with that reason), or None."""
+
+
+class SlotRefusedError(RuntimeError):
+    """A group a take needs was refused, and the refused copy is the one the buffer admitted
+    under its id (`buffer.outbox` keeps an id's first push): no other copy can ever arrive."""
+
+    def __init__(self, group_id: str, reason: str) -> None:
+        super().__init__(
+            f"{reason}; it is the copy the buffer admitted as {group_id!r} (an id's first push "
+            "is kept, and fixed mode regenerates the same group), so its batch can never be "
+            "complete"
+        )
+        self.group_id = group_id
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -63,6 +87,7 @@ class _ConsumerState:
     stash: dict[int, dict[str, Delivery]] = field(default_factory=dict)  # fixed: batch -> group
     taken: dict[int, list[Delivery]] = field(default_factory=dict)  # fixed: returned, unsettled
     floor: int = 0  # fixed: highest batch index requested so far
+    refused: dict[str, str] = field(default_factory=dict)  # fixed: id -> reason, admitted copy
     ready: deque[Delivery] = field(default_factory=deque)  # bounded: read, not yet returned
 
 
@@ -131,26 +156,32 @@ class RolloutBuffer:
         timeout_s: float,
         *,
         accept: Check | None = None,
+        slots: Container[str] = (),
     ) -> list[Delivery]:
         """Fixed mode: exactly the `n_groups` distinct groups of `batch_index`, by prompt index.
 
         `accept(delivery)` returns why a group must not be trained (it goes to the dead letter
-        with that reason) or None; it runs as groups arrive, before a batch is assembled, so a
-        refused group never takes a real group's place. Calling it again for a batch not yet
-        committed returns the same deliveries (a retried step). Raises TimeoutError naming the
-        batch and what arrived if it is not complete in time.
+        with that reason) or None; it runs as groups arrive, before a batch is assembled or a
+        group counts as seen, so a refused group never takes a real group's place. When a
+        refused group is the copy the buffer admitted under its id and that id is in `slots`
+        (the ids the trial still needs), raises SlotRefusedError at once: nothing can fill
+        that slot. Calling it again for a batch not yet committed returns the same deliveries
+        (a retried step). Raises TimeoutError naming the batch and what arrived if it is not
+        complete in time.
         """
         state = self._state(consumer)
         if batch_index in state.taken:
             return list(state.taken[batch_index])
         state.floor = max(state.floor, batch_index)
         self._drop_late(state)
+        check = None if accept is None else self._recording_refusals(state, accept)
         deadline = time.monotonic() + timeout_s
         while len(state.stash.get(batch_index, {})) < n_groups:
+            self._raise_if_refused(state, slots)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise self._batch_timeout(state, batch_index, n_groups, timeout_s)
-            for delivery in state.inbox.fetch(n_groups, remaining, accept):
+            for delivery in state.inbox.fetch(n_groups, remaining, check):
                 self._stash(state, delivery)
         bucket = state.stash.pop(batch_index)
         ordered = sorted(bucket.values(), key=lambda d: (d.group.prompt_index, d.group.group_id))
@@ -261,6 +292,32 @@ class RolloutBuffer:
                 if not state.taken[batch]:
                     del state.taken[batch]
             state.ready = deque(d for d in state.ready if d.entry_id not in settled)
+
+    def _recording_refusals(self, state: _ConsumerState, accept: Check) -> Check:
+        """`accept`, also noting each refused group that is its id's admitted copy."""
+
+        def check(delivery: Delivery) -> str | None:
+            reason = accept(delivery)
+            if reason is not None and self._admitted_copy(delivery):
+                state.refused[delivery.group.group_id] = reason
+            return reason
+
+        return check
+
+    def _admitted_copy(self, delivery: Delivery) -> bool:
+        """Whether `delivery` is the copy the outbox admitted under its id (its digest key holds
+        this group's digest): then every later push of the id is a duplicate or a conflict, and
+        never added. A copy added without the outbox (no digest key, or another one) is not."""
+        first = self._client.get(self._keys.digest(delivery.group.group_id))
+        return first is not None and first.decode() == group_digest(
+            delivery.group, delivery.batch_index
+        )
+
+    @staticmethod
+    def _raise_if_refused(state: _ConsumerState, slots: Container[str]) -> None:
+        for group_id, reason in state.refused.items():
+            if group_id in slots:
+                raise SlotRefusedError(group_id, reason)
 
     def _stash(self, state: _ConsumerState, delivery: Delivery) -> None:
         batch = delivery.batch_index

@@ -16,8 +16,12 @@ Generator worker::
 
 Learner loop::
 
-    deliveries = buffer.take_batch(step, prompts_per_step, consumer, timeout_s)     # fixed
-    deliveries = buffer.take(prompts_per_step, step, max_lag, consumer, timeout_s).deliveries
+    deliveries = buffer.take_batch(step, prompts_per_step, consumer, timeout_s,      # fixed
+                                   accept=check, slots=trial_slots)
+    deliveries = buffer.take(prompts_per_step, step, max_lag, consumer, timeout_s,
+                             accept=check).deliveries                                # bounded
+    # check(delivery) -> why not to train it, or None (learner.runtime.intake): a refused group
+    # goes to the dead letter before it can take a slot or count as seen
     batch = collate([d.group for d in deliveries], pad_id)     # buffer.collate
     ... train ...
     versions.publish(step + 1, weights.write(step + 1, model))    # generators may use it now
@@ -30,13 +34,13 @@ VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
 from buffer.inbox import Delivery
 from buffer.outbox import BufferFullError
-from buffer.rollout_buffer import Check, RolloutBuffer, TakeResult
+from buffer.rollout_buffer import Check, RolloutBuffer, SlotRefusedError, TakeResult
 from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.tickets import TicketDispenser, admission_limit, fixed_policy_version, ticket_batch
@@ -59,6 +63,7 @@ __all__ = [
     "RolloutSink",
     "RolloutSource",
     "RunKeys",
+    "SlotRefusedError",
     "TakeResult",
     "Telemetry",
     "TelemetryReader",
@@ -106,8 +111,10 @@ class RolloutSource(Protocol):
         timeout_s: float,
         *,
         accept: Check | None = None,
+        slots: Container[str] = (),
     ) -> list[Delivery]:
-        """Fixed staleness: exactly the groups of batch `batch_index` that `accept` passes."""
+        """Fixed staleness: exactly the groups of batch `batch_index` that `accept` passes;
+        SlotRefusedError when a group whose id is in `slots` was refused and cannot come again."""
         ...
 
     def take(

@@ -7,8 +7,10 @@ experiments of analysis are written by it, so every trial directory is laid out 
 
 Why a directory of parts: Parquet files cannot be appended to, and rewriting one file per step
 would leave a window where a kill corrupts it. Each part is written to a temporary name, fsynced
-and renamed into place (atomic on POSIX), so readers see only whole steps while the trial runs,
-and a resumed trial drops the parts newer than its checkpoint with `truncate_after`.
+and renamed into place (atomic on POSIX; the directory is fsynced too, so the part survives a
+power loss), so readers see only whole steps while the trial runs, and a resumed trial drops the
+parts newer than its checkpoint with `truncate_after`, after checking the older ones against
+the checkpoint's manifest (`learner.runtime.checkpoint`).
 
 Reading: the parts are read under the union of their schemas (a column first written by a later
 version reads as null in earlier parts). `read_parts` reports a damaged part as a problem and
@@ -59,7 +61,17 @@ def write_part(root: Path, step: int, table: pa.Table) -> Path:
     with tmp.open("rb") as handle:
         os.fsync(handle.fileno())
     tmp.replace(final)
+    fsync_dir(final.parent)
     return final
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename into `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def part_steps(root: Path) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -101,7 +103,12 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="experiment", description="Experiment name (MLflow, output dir).")
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1, description="Seeds.")
+    seeds: list[int] = Field(
+        default_factory=lambda: [0],
+        min_length=1,
+        description="Seeds: integers, and `range(a,b)` for a to b - 1 as in Python, alone "
+        "(`seeds=range(0,12)`) or as list items (`[3, 'range(5,12)']`).",
+    )
     plugins: list[str] = Field(
         default_factory=list,
         description="Modules (`mypkg.losses`) or files (`examples/clipped_reinforce.py`, made "
@@ -166,6 +173,11 @@ class ExperimentConfig(BaseModel):
             raise ValueError(str(exc)) from None
         return {**data, "plugins": entries}
 
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seed_ranges(cls, value: Any) -> Any:
+        return expand_seed_ranges(value)
+
     @model_validator(mode="before")
     @classmethod
     def _moved_fields(cls, data: Any) -> Any:
@@ -194,6 +206,7 @@ class ExperimentConfig(BaseModel):
                 f"dense (model.arch={self.model.arch}); routing replay needs model.arch=qwen3_moe"
             )
         _check_rollout_routing(self.arms, self.generation.backend)
+        _check_near_miss(self.model, self.task)
         head_dim = self.model.hidden_size // self.model.num_heads
         if (
             self.model.path == "builtin"
@@ -267,6 +280,53 @@ class ExperimentConfig(BaseModel):
             resolved["plugin_sources"] = plugin_digests(self.plugins)
         canonical = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+SEED_RANGE = re.compile(r"range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)")
+
+
+def _seed_range(text: str) -> list[int]:
+    """`range(a,b)` -> [a, ..., b - 1]; anything else is refused with the forms that work."""
+    match = SEED_RANGE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(
+            f"seeds: {text!r} is neither an integer nor range(a,b); write e.g. "
+            "seeds=range(0,12) for seeds 0 to 11, seeds=[0,1,2], or quote ranges inside a "
+            'list: seeds=[0,"range(5,9)"]'
+        )
+    low, high = int(match[1]), int(match[2])
+    if high <= low:
+        raise ValueError(f"seeds: {text!r} is empty; range(a,b) needs a < b (seeds a to b - 1)")
+    return list(range(low, high))
+
+
+def expand_seed_ranges(value: Any) -> Any:
+    """`range(a,b)` strings, alone or as list items, to the integers a .. b - 1 (as Python's
+    range); other values are left to the field's own validation."""
+    if isinstance(value, str):
+        return _seed_range(value)
+    if not isinstance(value, list):
+        return value
+    out: list[Any] = []
+    for item in value:
+        is_range = isinstance(item, str) and not re.fullmatch(r"\s*-?\d+\s*", item)
+        out += _seed_range(item) if is_range else [item]
+    return out
+
+
+NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
+
+
+def _check_near_miss(model: ModelConfig, task: TaskConfig) -> None:
+    """The near-miss warm start needs an integer answer to miss and the answer-only warm start."""
+    if model.warm_start_near_miss == 0.0:
+        return
+    if model.path != "builtin" or model.tokenizer != "char" or task.name not in NEAR_MISS_TASKS:
+        raise ValueError(
+            f"model.warm_start_near_miss={model.warm_start_near_miss} needs the built-in model "
+            f"with tokenizer=char on a task in {list(NEAR_MISS_TASKS)}; got model.path="
+            f"{model.path!r}, model.tokenizer={model.tokenizer!r}, task.name={task.name!r}"
+        )
 
 
 def _check_rollout_routing(arms: list[ArmConfig], backend: GeneratorBackend) -> None:

@@ -80,6 +80,15 @@ class ModelConfig(BaseModel):
     warm_start_steps: int = Field(
         default=450, ge=0, description="Supervised warm-start updates on the task (built-in)."
     )
+    warm_start_near_miss: float = Field(
+        default=0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of warm-start examples whose target is the near miss (the integer "
+        "answer plus one) instead of the ground truth; addition and multiplication with the "
+        "`char` tokenizer only. It leaves a model that samples the right answer often but does not "
+        "prefer it, the state RL with a verifiable reward amplifies (harness.models.warm_start).",
+    )
     warm_start_lr: float = Field(default=1e-3, gt=0, description="Warm-start learning rate.")
     warm_start_batch_size: int = Field(default=64, gt=0, description="Warm-start batch size.")
     cache_dir: str = Field(

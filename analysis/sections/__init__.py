@@ -1,7 +1,8 @@
 """The report's sections, one module (or folder) each, in the order the document shows them.
 
 Each computes its summary rows, draws its figures and writes its text (`base.Section`). The
-report (`analysis.report`) walks `SECTIONS`; a section shows nothing when it has no data.
+report (`analysis.report`) computes them in `ANALYSIS_ORDER` and shows them in `SECTIONS`
+order; a section shows nothing when it has no data.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from analysis.sections import (
     eval_aggregates,
     eval_sets,
     final_scores,
+    findings,
     next_steps,
     stability,
     staleness,
@@ -21,6 +23,7 @@ from analysis.sections import (
 from analysis.sections.base import Inputs, Page, Part, Section
 
 SECTIONS: tuple[Section, ...] = (
+    findings,  # opens the report, above the overview; reads the rows of `comparisons`
     trials,
     eval_aggregates,  # the headline when there are several eval sets
     final_scores,
@@ -32,5 +35,8 @@ SECTIONS: tuple[Section, ...] = (
     staleness,
     corrections,
 )
+# The order the sections' rows are computed in: each section sees the rows of those before it
+# here, so the findings, which only restate the other sections' numbers, come last.
+ANALYSIS_ORDER: tuple[Section, ...] = (*(s for s in SECTIONS if s is not findings), findings)
 
-__all__ = ["SECTIONS", "Inputs", "Page", "Part", "Section"]
+__all__ = ["ANALYSIS_ORDER", "SECTIONS", "Inputs", "Page", "Part", "Section"]

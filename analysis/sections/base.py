@@ -10,7 +10,9 @@ Every module of `analysis.sections` listed in `SECTIONS` provides (structurally,
   summary frame only, so what a reader sees is exactly what `summary.parquet` holds;
 - `METHODS`: the methods-list items that cite what it computes.
 
-The report (`analysis.report`) walks the sections in document order for each of the three.
+The report (`analysis.report`) draws and writes the sections in document order (`SECTIONS`) and
+computes their rows in `ANALYSIS_ORDER`, where a section that restates others' rows (the
+findings) comes after them.
 """
 
 from __future__ import annotations

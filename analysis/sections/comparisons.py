@@ -2,7 +2,8 @@
 tests, effects, power.
 
 For arms X and Y at one lag: the probability of improvement (Agarwal et al. 2021); paired
-tests over matched seeds (Wilcoxon signed-rank, paired bootstrap of the mean difference);
+tests over matched seeds (paired bootstrap of the mean difference, paired t-test, Wilcoxon
+signed-rank);
 unpaired Welch and Mann-Whitney tests; Holm adjustment within each (metric, test) family over
 all pairs and lags; Hedges' g and Cliff's delta; and a t-test power analysis.
 """
@@ -27,6 +28,7 @@ from analysis.stats.significance import (
     hedges_g,
     holm,
     mann_whitney,
+    paired_t,
     welch,
     wilcoxon_paired,
 )
@@ -37,10 +39,11 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 TEST_METRICS = ("final_score", "auc")
-HOLM_TESTS = ("wilcoxon_p", "welch_p", "mann_whitney_p")
+HOLM_TESTS = ("paired_t_p", "wilcoxon_p", "welch_p", "mann_whitney_p")
 METHODS = [
-    "Paired tests over matched seeds: Wilcoxon signed-rank (Wilcoxon 1945) and a paired "
-    "bootstrap of the mean difference; unpaired: Welch's t-test (Welch 1947) and Mann-Whitney U "
+    "Paired tests over matched seeds: Student's paired t-test (Student 1908; the test the power "
+    "analysis plans for), Wilcoxon signed-rank (Wilcoxon 1945) and a paired bootstrap of the "
+    "mean difference; unpaired: Welch's t-test (Welch 1947) and Mann-Whitney U "
     "(Mann & Whitney 1947); Holm step-down correction (Holm 1979) within each (metric, test) "
     "family over all arm pairs and lags. Rank-test p-values are exact permutation p-values, "
     "tied scores included (Mann-Whitney: exact distribution of the midrank sum over all "
@@ -98,12 +101,14 @@ def _pair_rows(
     pairs = matched(scored, column, x, y, lag)
     n_pairs, sizes = len(pairs), f"{len(xs)} vs {len(ys)} seeds"
     diff = paired_mean_difference(pairs["x"], pairs["y"], spec)
+    pt = paired_t(pairs["x"].to_numpy(), pairs["y"].to_numpy())
     wil = wilcoxon_paired(pairs["x"].to_numpy(), pairs["y"].to_numpy(), alpha)
     wel = welch(xs, ys, alpha)
     mw = mann_whitney(xs, ys, alpha)
     common = {"lag": lag, "comparison": label}
     return [
         interval_row(section, "mean_diff_paired", diff, **common),
+        row(section, "paired_t_p", pt.p_value, n=n_pairs, note=pt.note, **common),
         row(section, "wilcoxon_p", wil.p_value, n=n_pairs, note=wil.note, **common),
         row(section, "welch_p", wel.p_value, n=len(xs) + len(ys), note=wel.note or sizes, **common),
         row(section, "mann_whitney_p", mw.p_value, n=len(xs) + len(ys), note=mw.note, **common),
@@ -151,6 +156,7 @@ def power_rows(scored: pd.DataFrame, alpha: float, power: float) -> list[dict]:
             row("power", "observed_effect", result.effect, **common),
             row("power", "seeds_needed", result.seeds_needed, **common),
             row("power", "min_detectable_effect", result.min_detectable_effect, **common),
+            row("power", "min_detectable_diff", result.min_detectable_difference, **common),
         ]
     return rows
 
@@ -221,7 +227,8 @@ def blocks(page: Page) -> list[Block]:
             "tests_final_score",
             "Tests on the final score",
             "mean_diff_paired: X - Y over matched seeds with paired-bootstrap CI; n = matched "
-            "seed pairs. Wilcoxon is paired; Welch and Mann-Whitney unpaired. *_holm = "
+            "seed pairs. The paired t-test and Wilcoxon are paired; Welch and Mann-Whitney "
+            "unpaired. *_holm = "
             "Holm-adjusted over every row of this table (all arm pairs and lags), per test. "
             "Hedges' g and Cliff's delta are X relative to Y. A note flags a test whose "
             "smallest attainable p at this n is above alpha.",
@@ -233,6 +240,7 @@ def blocks(page: Page) -> list[Block]:
             "Power",
             "Observed standardised effect (paired d_z when >= 2 matched seeds), seeds per "
             "arm needed for the target power, and the smallest effect detectable with the "
-            "current n (two-sided t-test).",
+            "current n (two-sided t-test, unadjusted alpha), standardised and as a final-score "
+            "difference at the observed SD (min_detectable_diff).",
         ),
     ]

@@ -7,7 +7,10 @@ resolved config into the same output directory with a longer `seeds` list runs e
 seeds' trials (every arm and lag of them: seeds are shared, which keeps the comparison matched).
 The command names `<dir>/resolved_config.yaml`, which every launch writes, so it needs neither
 the original config file nor its overrides; `--steps` is added when the trials ran under a
-`--steps` cap different from the config's `learner.steps`.
+`--steps` cap different from the config's `learner.steps`. Seeds are written compactly, runs of
+consecutive seeds as `range(a,b)` (a to b - 1, as in Python), which the config's `seeds` field
+reads alone (`seeds=range(0,12)`) or as list items (`seeds=[3,"range(5,12)"]`). A comparison
+that would need more than `MAX_PRACTICAL_SEEDS` seeds gets advice instead of a command.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import yaml
 
 from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, no_figures, table
+from analysis.stats.power import MAX_PRACTICAL_SEEDS
 from analysis.summary import row
 from contract.layout import RESOLVED_CONFIG
 
@@ -74,13 +78,37 @@ def extended_seeds(current: tuple[int, ...], needed: int) -> list[int]:
     return sorted(out)
 
 
+def _runs(seeds: list[int]) -> list[tuple[int, int]]:
+    """Sorted seeds as half-open runs [a, b) of consecutive integers."""
+    runs: list[tuple[int, int]] = []
+    for seed in sorted(seeds):
+        if runs and seed == runs[-1][1]:
+            runs[-1] = (runs[-1][0], seed + 1)
+        else:
+            runs.append((seed, seed + 1))
+    return runs
+
+
+def seeds_text(seeds: list[int]) -> str:
+    """The `seeds` override value, compact: `range(0,12)` for consecutive seeds, else a list
+    whose runs of 3 or more are `"range(a,b)"` items (`[0,2,"range(5,9)"]`)."""
+    runs = _runs(seeds)
+    if len(runs) == 1 and runs[0][1] - runs[0][0] > 1:
+        return f"range({runs[0][0]},{runs[0][1]})"
+    items: list[str] = []
+    for a, b in runs:
+        items += [f'"range({a},{b})"'] if b - a >= 3 else [str(s) for s in range(a, b)]
+    return f"[{','.join(items)}]"
+
+
 def extension_command(facts: LaunchFacts, needed: int) -> str:
-    """`harness run <resolved config> --out <dir> [--steps N] 'seeds=[...]'` as a shell line."""
-    seeds = ",".join(str(s) for s in extended_seeds(facts.seeds, needed))
+    """`harness run <resolved config> --out <dir> [--steps N] 'seeds=range(0,N)'` as a shell
+    line (seeds as `seeds_text` writes them)."""
+    seeds = seeds_text(extended_seeds(facts.seeds, needed))
     args = ["harness", "run", facts.config_path, "--out", str(facts.experiment_dir)]
     if facts.steps_flag is not None:
         args += ["--steps", str(facts.steps_flag)]
-    return shlex.join([*args, f"seeds=[{seeds}]"])
+    return shlex.join([*args, f"seeds={seeds}"])
 
 
 def _advice(facts: LaunchFacts, needed: float, reason: str) -> str:
@@ -89,6 +117,12 @@ def _advice(facts: LaunchFacts, needed: float, reason: str) -> str:
         return f"no seed count reaches the target power ({reason or 'no effect'})"
     if needed <= have:
         return f"the {have} seeds run are enough at the observed effect"
+    if needed > MAX_PRACTICAL_SEEDS:
+        return (
+            f"about {int(needed):,} seeds per arm: the observed effect is impractically small to "
+            f"resolve with seeds (more than {MAX_PRACTICAL_SEEDS}); make the effect bigger or "
+            "the scores less noisy instead (longer runs, a larger eval set)"
+        )
     extra = ""
     if facts.config_path == PLACEHOLDER_CONFIG:
         extra = f" ({RESOLVED_CONFIG} not found: replace {PLACEHOLDER_CONFIG} with the config)"
@@ -98,8 +132,8 @@ def _advice(facts: LaunchFacts, needed: float, reason: str) -> str:
 def next_step_rows(summary: pd.DataFrame, facts: LaunchFacts) -> list[dict]:
     """Section `next_steps`: per comparison, seeds needed vs run, and the command to get there.
 
-    The last row ('every comparison') extends to the largest finite need, which powers all the
-    comparisons whose need is finite.
+    The last row ('every comparison') extends to the largest need of at most
+    `MAX_PRACTICAL_SEEDS`, which powers every comparison that seeds can resolve at all.
     """
     power = summary[(summary["section"] == "power") & (summary["statistic"] == "seeds_needed")]
     rows, have = [], len(facts.seeds)
@@ -112,10 +146,13 @@ def next_step_rows(summary: pd.DataFrame, facts: LaunchFacts) -> list[dict]:
             row("next_steps", "seeds_run", float(have), **common),
         ]
     finite = [v for v in power["value"] if math.isfinite(v)]
+    practical = [v for v in finite if v <= MAX_PRACTICAL_SEEDS]
     if finite:
-        needed = max(finite)
+        needed = max(practical or finite)
         common = {"comparison": "every comparison"}
         note = _advice(facts, needed, "")
+        if practical and len(practical) < len(finite):
+            note += f" (comparisons needing more than {MAX_PRACTICAL_SEEDS} seeds left out)"
         rows += [
             row("next_steps", "seeds_needed", needed, n=have, note=note, **common),
             row("next_steps", "seeds_run", float(have), **common),
@@ -142,9 +179,11 @@ def blocks(page: Page) -> list[Block]:
             "next_steps",
             "Seeds for the target power",
             "Seeds per arm the observed effect on the final score needs for the target power "
-            "(see Power), the seeds run so far, and the command that adds the missing seeds: "
-            "`harness run` skips every finished trial and runs only the new seeds' trials (all "
-            "arms and lags, so the comparison stays matched). Effects from few seeds are noisy; "
-            "treat the count as a plan, not a promise.",
+            "(see Power), the seeds run so far, and the command that adds the missing seeds "
+            "(`range(a,b)` = seeds a to b - 1): `harness run` skips every finished trial and "
+            "runs only the new seeds' trials (all arms and lags, so the comparison stays "
+            f"matched). Past {MAX_PRACTICAL_SEEDS} seeds no command is given: seeds cannot "
+            "resolve so small an effect in practice. Effects from few seeds are noisy; treat "
+            "the count as a plan, not a promise.",
         ),
     ]

@@ -19,19 +19,45 @@ from statsmodels.stats.power import TTestIndPower, TTestPower
 
 MIN_SEEDS = 2  # a t-test needs two observations per group to estimate a variance
 MAX_SEEDS = 10**6  # beyond this the answer is 'not with seeds'
+# Past this many seeds per arm the report calls an effect impractical to resolve with seeds
+# (a longer run or a larger eval set, which make the effect bigger or the noise smaller, helps).
+MAX_PRACTICAL_SEEDS = 50
 _GL_X, _GL_W = np.polynomial.legendre.leggauss(400)
 _GL_U, _GL_W = (_GL_X + 1) / 2, _GL_W / 2  # nodes and weights on [0, 1]
 
 
 @dataclass(frozen=True)
 class PowerResult:
-    """Observed standardised effect, seeds per arm needed, smallest detectable effect at n."""
+    """Observed standardised effect, seeds per arm needed, smallest detectable effect at n.
+
+    `sd` is the SD the effect is standardised by (of the paired differences, or pooled), and
+    `min_detectable_difference` the smallest detectable effect in score units at that SD.
+    """
 
     effect: float
     seeds_needed: float
     min_detectable_effect: float
     n: int
     note: str = ""
+    sd: float = math.nan
+    min_detectable_difference: float = math.nan
+
+
+def paired_sd(x: np.ndarray, y: np.ndarray) -> float:
+    """sd(x_i - y_i) over matched seeds, the scale of d_z (NaN below 2 pairs)."""
+    diff = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
+    diff = diff[np.isfinite(diff)]
+    return float(diff.std(ddof=1)) if len(diff) >= MIN_SEEDS else math.nan
+
+
+def pooled_sd(x: np.ndarray, y: np.ndarray) -> float:
+    """sqrt(((n - 1) s_x^2 + (m - 1) s_y^2) / (n + m - 2)), the scale of Cohen's d."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    xs, ys = xs[np.isfinite(xs)], ys[np.isfinite(ys)]
+    n, m = len(xs), len(ys)
+    if min(n, m) < MIN_SEEDS:
+        return math.nan
+    return math.sqrt(((n - 1) * xs.var(ddof=1) + (m - 1) * ys.var(ddof=1)) / (n + m - 2))
 
 
 def paired_effect(x: np.ndarray, y: np.ndarray) -> float:
@@ -50,14 +76,13 @@ def cohens_d(x: np.ndarray, y: np.ndarray) -> float:
     """(mean_x - mean_y) / pooled SD (Cohen 1988), the effect `TTestIndPower` expects."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     xs, ys = xs[np.isfinite(xs)], ys[np.isfinite(ys)]
-    n, m = len(xs), len(ys)
-    if min(n, m) < MIN_SEEDS:
+    sd = pooled_sd(xs, ys)
+    if math.isnan(sd):
         return math.nan
-    pooled = ((n - 1) * xs.var(ddof=1) + (m - 1) * ys.var(ddof=1)) / (n + m - 2)
     diff = xs.mean() - ys.mean()
-    if pooled == 0:
+    if sd == 0:
         return 0.0 if diff == 0 else math.copysign(math.inf, diff)
-    return float(diff / math.sqrt(pooled))
+    return float(diff / sd)
 
 
 def _solver(paired: bool) -> TTestPower | TTestIndPower:
@@ -139,6 +164,18 @@ def min_detectable_effect(n: int, paired: bool, alpha: float, power: float) -> f
     return high
 
 
+def min_detectable_difference(n: int, sd: float, paired: bool, alpha: float, power: float) -> float:
+    """Smallest |mean difference| in score units detectable with `power` at `alpha` with n
+    seeds per arm, when the seeds' SD is `sd`: the standardised MDE times the SD it was
+    standardised by (d_z = mean(d) / sd(d) paired, d = difference / pooled SD unpaired).
+
+    NaN when the SD is unknown (fewer than 2 seeds) or no n can detect anything.
+    """
+    if not math.isfinite(sd) or sd < 0:
+        return math.nan
+    return min_detectable_effect(n, paired, alpha, power) * sd
+
+
 def power_analysis(
     x: np.ndarray, y: np.ndarray, paired: bool, alpha: float, power: float
 ) -> PowerResult:
@@ -147,11 +184,11 @@ def power_analysis(
     `x` and `y` are aligned per seed when `paired`; otherwise independent samples.
     """
     if paired:
-        effect = paired_effect(x, y)
+        effect, sd = paired_effect(x, y), paired_sd(x, y)
         diff = np.asarray(x, dtype=float) - np.asarray(y, dtype=float)
         n = int(np.isfinite(diff).sum())
     else:
-        effect = cohens_d(x, y)
+        effect, sd = cohens_d(x, y), pooled_sd(x, y)
         n = int(
             min(np.isfinite(np.asarray(x, float)).sum(), np.isfinite(np.asarray(y, float)).sum())
         )
@@ -167,4 +204,5 @@ def power_analysis(
     if math.isnan(needed) and note == kind and not math.isnan(effect):
         note = f"{kind}: needs more than {MAX_SEEDS:,} seeds per arm"
     mde = min_detectable_effect(n, paired, alpha, power)
-    return PowerResult(effect, needed, mde, n, note)
+    mdd = mde * sd if math.isfinite(sd) else math.nan  # = min_detectable_difference, no re-solve
+    return PowerResult(effect, needed, mde, n, note, sd, mdd)

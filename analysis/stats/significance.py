@@ -1,9 +1,10 @@
 """Hypothesis tests, multiplicity correction and effect sizes for arm comparisons.
 
 Matched arms share the seed (initial weights, prompts, sampling noise; design sec. 1), so the
-primary tests are paired over seeds: Wilcoxon signed-rank (Wilcoxon 1945). Unpaired tests are
-Welch's t-test (Welch 1947) and Mann-Whitney U (Mann & Whitney 1947). p-values are adjusted with
-Holm's step-down method (Holm 1979). Every test also reports the smallest p-value its sample
+primary tests are paired over seeds: Wilcoxon signed-rank (Wilcoxon 1945) and Student's paired
+t-test (Student 1908; the test the power analysis plans for). Unpaired tests are Welch's t-test
+(Welch 1947) and Mann-Whitney U (Mann & Whitney 1947). p-values are adjusted with Holm's
+step-down method (Holm 1979). Every test also reports the smallest p-value its sample
 size can produce at all, because with few seeds an exact rank test cannot reach 0.05 however
 large the effect (e.g. Mann-Whitney 3 vs 3: p >= 2 / C(6, 3) = 0.1).
 
@@ -103,6 +104,23 @@ def wilcoxon_paired(x: np.ndarray, y: np.ndarray, alpha: float = 0.05) -> TestRe
         return TestResult(math.nan if len(diff) == 0 else 1.0, min_p, len(diff), note)
     p = float(stats.wilcoxon(diff, zero_method="wilcox", alternative="two-sided").pvalue)
     return TestResult(p, min_p, len(diff), reach_note(min_p, alpha, f"Wilcoxon n={nonzero}"))
+
+
+def paired_t(x: np.ndarray, y: np.ndarray) -> TestResult:
+    """Student's paired t-test of x_i - y_i over matched seeds (Student 1908), two-sided.
+
+    The test the power analysis plans for (`power`: d_z with statsmodels `TTestPower`), so its
+    p-value, the seeds needed and the smallest detectable difference describe one test.
+    """
+    xs, ys = _finite_pairs(x, y)
+    diff = xs - ys
+    if len(diff) < 2:
+        return TestResult(math.nan, math.nan, len(diff), "paired t needs at least 2 matched seeds")
+    if np.all(diff == diff[0]):
+        note = "paired t undefined: every matched difference is equal"
+        return TestResult(math.nan, 0.0, len(diff), note)
+    p = float(stats.ttest_rel(xs, ys).pvalue)
+    return TestResult(p, 0.0, len(diff))
 
 
 def welch(x: np.ndarray, y: np.ndarray, alpha: float = 0.05) -> TestResult:

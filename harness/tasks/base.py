@@ -14,6 +14,7 @@ from typing import Any, Protocol
 TRAIN_STREAM = 0
 EVAL_STREAM = 1
 MIXTURE_STREAM = 2  # which component of a training mixture prompt i comes from
+NEAR_MISS_STREAM = 3  # which warm-start examples train on the near miss (models.warm_start)
 
 Message = tuple[str, str]  # (role, content) of one chat turn
 RewardInfo = dict[str, Any]

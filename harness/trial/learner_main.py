@@ -32,7 +32,7 @@ from harness.storage.trial_storage import (
     TrialSync,
     UploadBeforeAck,
 )
-from learner.runtime.checkpoint import CheckpointStore
+from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
 
@@ -78,6 +78,20 @@ class RedisFailureError(ConfigError):
     """Redis died, or came back without the run's state. Not a config error, but the user fixes
     it the same way, so `harness learner` prints this one line (no traceback) and the
     supervisor's failure reason quotes it."""
+
+
+class ResumeFailedError(ConfigError):
+    """A resume that would lose or invent data (no intact checkpoint, a missing or damaged step
+    file: `learner.runtime.checkpoint.ResumeError`): one line, no traceback, like the others."""
+
+
+@contextlib.contextmanager
+def resume_failures_as_one_line() -> Iterator[None]:
+    """A ResumeError raised inside becomes a ResumeFailedError (`harness learner` prints it)."""
+    try:
+        yield
+    except ResumeError as exc:
+        raise ResumeFailedError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -191,17 +205,18 @@ def run_learner_component(
             evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
         else:
             buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
-        outcome = run_learner(
-            task,
-            buffer=buffer,
-            telemetry=telemetry,
-            versions=versions,
-            weights=weights,
-            evaluate=evaluate,
-            resume=resume,
-            on_step=on_step,
-            dist=dist,
-        )
+        with resume_failures_as_one_line():
+            outcome = run_learner(
+                task,
+                buffer=buffer,
+                telemetry=telemetry,
+                versions=versions,
+                weights=weights,
+                evaluate=evaluate,
+                resume=resume,
+                on_step=on_step,
+                dist=dist,
+            )
     if not dist.is_main:
         return outcome
     write_json_atomic(

@@ -74,6 +74,15 @@ def aggregate_padded(
     objectives cheap; callers zero padding once, up front. seq-mean modes average over non-empty
     rows only, so an empty response changes nothing; no response tokens at all gives 0 (0 / 1)
     with a grad graph.
+
+    Masked tokens stay in the denominator. A filter on top of the response mask (a correction's
+    rejection: `mis_*`, `icepop`, capped `decoupled`, by weight 0; Clip-Cov's detached tokens)
+    zeroes its tokens' terms or gradients and leaves `lengths` alone, so token-mean still divides
+    by every response token and the seq-mean modes by every token of the row and every non-empty
+    row, a fully masked sequence included; as AReaL, which counts its loss mask before applying
+    the behaviour-weight mask. Why: the per-token weight then does not depend on how many tokens
+    a filter removes, so filtering cannot silently raise the weight of the survivors. Only prompt
+    and padding positions are outside `lengths` (`tests/learner/test_masked_normaliser.py`).
     """
     check_aggregation(agg, max_len)
     if agg == "token-mean":

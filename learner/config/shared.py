@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -56,9 +57,22 @@ class LearnerConfig(BaseModel):
         default=1, gt=0, description="torch intra-op threads of the learner process (CPU)."
     )
     device: Literal["cpu", "cuda"] = Field(default="cpu", description="Learner device.")
+    reward_range: tuple[float, float] = Field(
+        default=(-1e4, 1e4),
+        description="[low, high] a group's rewards must lie in: a group with a reward outside it "
+        "is refused at intake and dead-lettered, never trained (learner.runtime.intake). The "
+        "default admits every shipped verifier (rewards 0 and 1) and any plausible reward "
+        "function, and stops a reward such as 1e30 that would swamp the batch's advantages.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:
+        low, high = self.reward_range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(
+                f"learner.reward_range={list(self.reward_range)} must be two finite numbers "
+                "[low, high] with low < high, e.g. [-1e4, 1e4]"
+            )
         if self.minibatches > self.prompts_per_step:
             raise ValueError(
                 f"learner.minibatches={self.minibatches} exceeds learner.prompts_per_step="

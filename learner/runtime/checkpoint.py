@@ -3,24 +3,71 @@
 A checkpoint holds everything the next step's arithmetic depends on: policy (and value model)
 weights, optimiser and scheduler state, the RNG states of torch, numpy and python, the step, and
 the ids of groups already trained (so redelivered groups are skipped: exactly-once training,
-design section 9). It is written to a temporary directory and renamed into place, and
-`latest.json` is replaced atomically last, so a kill at any moment leaves the previous
-checkpoint intact. Loading uses `torch.load(weights_only=True)`: these files are our own, but
-nothing here ever executes pickled code.
+design section 9).
+
+Saving: `state.pt` is written to a temporary directory, fsynced and renamed to `step-NNNNNN/`;
+then `manifest.json` is written into it (temporary name, fsync, rename, fsync of the directory),
+then `latest.json` is replaced atomically, then old checkpoints are pruned. The manifest is the
+checkpoint's seal: a directory without a valid one is incomplete (a kill mid-save) and never
+loaded. It reads
+
+    {"format": "gspo-harness checkpoint v1", "step": 4,
+     "files": {"state.pt": {"sha256": "<hex>", "bytes": 123456}},
+     "records": {"metrics.parquet/part-000000.parquet": {"step": 0, "sha256": "<hex>"},
+                 "trained_groups/step-000001.json": {"step": 1, "sha256": "<hex>"}, ...}}
+
+`files`: every file of the checkpoint directory with its size and sha256. `records`: the trial's
+per-step files of steps <= the checkpoint's (metrics and eval parts, ledger files; names relative
+to the trial directory, `learner.runtime.metrics_log.step_records`), which the learner flushed
+before saving; the checkpoint vouches for them.
+
+Resuming: `latest.json` is a hint, not the record. `load` scans the `step-*` directories newest
+first, skips each one whose manifest is missing or invalid or whose files are missing or differ
+from their digests (saying why, one line each), and loads the newest intact one (saying which).
+The steps after it are retrained from the groups Redis still holds pending: a fallback past a
+checkpoint whose groups were already committed cannot get them back, and its learner waits for
+them until `take_timeout_s` (the buffer's timeout error then names the batch). With none intact
+it raises `ResumeError` (one line) rather than start over: a fresh start would delete the
+trial's rows, and Redis no longer holds the groups the checkpoints committed.
+`verify_records` then checks the step files the loaded checkpoint vouches for. A missing or
+damaged one cannot be rebuilt: a checkpoint holds the training state, not the metric rows, eval
+scores or ledger rows of past steps (keeping them would make every checkpoint grow with the run),
+and those steps' groups are gone from Redis, so they cannot be replayed either. The resume then
+fails with one `ResumeError` line naming the file, its step and the checkpoint's step range;
+nothing is deleted before that check and the load have passed (the caller truncates rows newer
+than the checkpoint only afterwards). Loading uses `torch.load(weights_only=True)`: these files
+are our own, but nothing here ever executes pickled code.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import re
 import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+STATE_FILE = "state.pt"
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "gspo-harness checkpoint v1"
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+# The per-step files a checkpoint of step k vouches for, given k: {name relative to the trial
+# directory: (its step, its path)} (`learner.runtime.metrics_log.step_records`).
+Records = Callable[[int], Mapping[str, tuple[int, Path]]]
+
+
+class ResumeError(RuntimeError):
+    """A resume that cannot go on without losing or inventing data; the message is one line."""
 
 
 @dataclass
@@ -32,6 +79,9 @@ class TrainingState:
     trained_group_ids: list[str] = field(default_factory=list)
     grad_norm_history: list[float] = field(default_factory=list)
     grad_spikes: int = 0
+    # Fixed mode: group id -> why its slot can never be filled (learner.runtime.intake); a
+    # resumed learner fails with that line at once instead of waiting for the group.
+    refused_slots: dict[str, str] = field(default_factory=dict)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -53,18 +103,33 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 class CheckpointStore:
-    """`<trial>/checkpoints/step-NNNNNN/` directories plus an atomically replaced `latest.json`."""
+    """`<trial>/checkpoints/step-NNNNNN/` directories, each sealed by its `manifest.json`, plus
+    an atomically replaced `latest.json` (a hint: loading scans the directories).
 
-    def __init__(self, root: Path, keep: int = 2) -> None:
+    `records`: the per-step files each checkpoint vouches for (see the module docstring)."""
+
+    def __init__(self, root: Path, keep: int = 2, records: Records | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.keep = keep
+        self.records = records
+        self._digests: dict[Path, tuple[int, int, str]] = {}  # path: (size, mtime_ns, sha256)
+
+    def steps(self) -> list[int]:
+        """Steps with a checkpoint directory, intact or not, newest first."""
+        found = (_STEP_DIR.match(p.name) for p in self.root.iterdir() if p.is_dir())
+        return sorted((int(m.group(1)) for m in found if m), reverse=True)
+
+    def has_checkpoints(self) -> bool:
+        """Whether a checkpoint was ever completed here: `latest.json` exists or a directory has
+        a manifest (intact or not). False only for a trial that never finished a save."""
+        if (self.root / "latest.json").exists():
+            return True
+        return any((self._dir(step) / MANIFEST).exists() for step in self.steps())
 
     def latest_step(self) -> int | None:
-        pointer = self.root / "latest.json"
-        if not pointer.exists():
-            return None
-        return int(json.loads(pointer.read_text())["step"])
+        """The step of the newest intact checkpoint (verified against its manifest), or None."""
+        return next((step for step in self.steps() if self._problem(step) is None), None)
 
     def save(self, state: TrainingState, modules: dict[str, Any]) -> Path:
         """Write modules' state dicts (models, optimisers, schedulers) and `state` for a step."""
@@ -80,36 +145,211 @@ class CheckpointStore:
             "trained_group_ids": list(state.trained_group_ids),
             "grad_norm_history": list(state.grad_norm_history),
             "grad_spikes": state.grad_spikes,
+            "refused_slots": dict(state.refused_slots),
         }
-        torch.save(payload, tmp / "state.pt")
+        torch.save(payload, tmp / STATE_FILE)
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        pointer_tmp = self.root / ".latest.json.tmp"
-        pointer_tmp.write_text(json.dumps({"step": state.step, "dir": final.name}))
-        pointer_tmp.replace(self.root / "latest.json")
+        _fsync(self.root)
+        state_file = final / STATE_FILE
+        files = {STATE_FILE: {"sha256": _sha256(state_file), "bytes": state_file.stat().st_size}}
+        records = self.records(state.step) if self.records is not None else {}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "step": state.step,
+            "files": files,
+            "records": {
+                name: {"step": step, "sha256": self._record_digest(path)}
+                for name, (step, path) in sorted(records.items())
+            },
+        }
+        _write_json_atomic(final / MANIFEST, manifest)  # the seal: last in the directory
+        _write_json_atomic(self.root / "latest.json", {"step": state.step, "dir": final.name})
         self._prune(state.step)
         return final
 
-    def load(self, modules: dict[str, Any]) -> TrainingState:
-        """Restore modules and RNG states in place from the latest checkpoint."""
-        step = self.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"no checkpoint under {self.root}; start without --resume")
-        payload = torch.load(self.root / f"step-{step:06d}" / "state.pt", weights_only=True)
+    def load(
+        self, modules: dict[str, Any], *, say: Callable[[str], None] | None = None
+    ) -> TrainingState:
+        """Restore modules and RNG states in place from the newest intact checkpoint.
+
+        `say` gets one line per newer checkpoint skipped (why) and one naming the checkpoint
+        used. Raises `ResumeError` (one line) when no checkpoint is intact.
+        """
+        say = say or (lambda _line: None)
+        skipped: list[str] = []
+        for step in self.steps():
+            problem = self._problem(step)
+            if problem is None:
+                break
+            skipped.append(f"{self._dir(step).name}: {problem}")
+            say(f"checkpoint {self._dir(step).name} skipped: {problem}")
+        else:
+            found = "; ".join(skipped) if skipped else "no checkpoint directory"
+            raise ResumeError(
+                f"no intact checkpoint in {self.root} ({found}); restore one, or rerun the "
+                "trial without --resume"
+            )
+        say(f"resuming from checkpoint {self._dir(step).name}{self._pointer_note(step)}")
+        payload = torch.load(self._dir(step) / STATE_FILE, weights_only=True)
         for name, module in modules.items():
             module.load_state_dict(payload[name])
         restore_rng(payload["rng"])
         return TrainingState(**payload["training_state"])
 
+    def verify_records(self, step: int, base: Path) -> None:
+        """Check the per-step files checkpoint `step` vouches for, relative to `base` (the trial
+        directory). Raises `ResumeError` (one line) naming the first missing or damaged one, its
+        step and the checkpoint's step range: they cannot be rebuilt (module docstring)."""
+        manifest = self._manifest(step)
+        records = manifest.get("records") if isinstance(manifest, dict) else None
+        if not isinstance(records, dict) or not all(map(_valid_record, records.values())):
+            raise ResumeError(f"{self._dir(step) / MANIFEST}: its records are not valid")
+        problems = []
+        for name, record in sorted(records.items(), key=lambda item: (item[1]["step"], item[0])):
+            path = Path(base) / name
+            if not _inside(name) or not path.is_file():
+                problems.append((record["step"], name, "missing"))
+            elif self._record_digest(path) != record["sha256"]:
+                problems.append((record["step"], name, "damaged"))
+        if not problems:
+            return
+        first_step, name, what = problems[0]
+        more = ""
+        if len(problems) > 1:
+            lo, hi = min(s for s, _, _ in problems), max(s for s, _, _ in problems)
+            more = f" ({len(problems)} files of steps {lo}-{hi} are missing or damaged)"
+        raise ResumeError(
+            f"cannot resume from checkpoint {self._dir(step).name} (steps 0-{step}): {name} "
+            f"(step {first_step}) is {what}{more}; a checkpoint holds no rows to rebuild it "
+            "from, so restore the file from a copy (or the bucket), or rerun the trial without "
+            "--resume"
+        )
+
+    def _dir(self, step: int) -> Path:
+        return self.root / f"step-{step:06d}"
+
+    def _manifest(self, step: int) -> object:
+        return json.loads((self._dir(step) / MANIFEST).read_text())
+
+    def _problem(self, step: int) -> str | None:
+        """Why checkpoint `step` is not intact, in a few words, or None if it is."""
+        directory = self._dir(step)
+        if not (directory / MANIFEST).is_file():
+            return f"it has no {MANIFEST} (its save did not finish, or the manifest was lost)"
+        try:
+            manifest = self._manifest(step)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return f"{MANIFEST} is unreadable ({exc})"
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if (
+            not isinstance(files, dict)
+            or manifest.get("format") != MANIFEST_FORMAT
+            or manifest.get("step") != step
+            or STATE_FILE not in files
+            or not all(_inside(name) and _valid_file(entry) for name, entry in files.items())
+        ):
+            return f"{MANIFEST} is not a valid {MANIFEST_FORMAT} manifest of step {step}"
+        for name, entry in sorted(files.items()):
+            path = directory / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != entry["bytes"]:
+                return (
+                    f"{name} is damaged ({path.stat().st_size} bytes, its manifest says "
+                    f"{entry['bytes']})"
+                )
+            if _sha256(path) != entry["sha256"]:
+                return f"{name} is damaged (its sha256 differs from the manifest's)"
+        return None
+
+    def _pointer_note(self, step: int) -> str:
+        pointer = self.root / "latest.json"
+        if not pointer.exists():
+            return " (latest.json is missing; found by scanning the checkpoint directories)"
+        try:
+            named = int(json.loads(pointer.read_text())["step"])
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            return f" (latest.json is unreadable: {exc}; found by scanning)"
+        return "" if named == step else f" (latest.json names step-{named:06d})"
+
+    def _record_digest(self, path: Path) -> str:
+        """sha256 of a step file, hashed once per (size, mtime) in this process."""
+        stat = path.stat()
+        cached = self._digests.get(path)
+        if cached is not None and cached[:2] == (stat.st_size, stat.st_mtime_ns):
+            return cached[2]
+        digest = _sha256(path)
+        self._digests[path] = (stat.st_size, stat.st_mtime_ns, digest)
+        return digest
+
     def _prune(self, newest: int) -> None:
-        steps = sorted(int(p.name.split("-")[1]) for p in self.root.glob("step-*") if p.is_dir())
+        """Keep the `keep` newest checkpoints up to `newest`, the one just saved. Newer ones (left
+        behind by a resume that skipped them) neither count nor go."""
+        steps = sorted(step for step in self.steps() if step <= newest)
         for old in steps[: max(0, len(steps) - self.keep)]:
-            if old != newest:
-                shutil.rmtree(self.root / f"step-{old:06d}", ignore_errors=True)
+            shutil.rmtree(self._dir(old), ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
     for child in path.iterdir():
         with child.open("rb") as handle:
             os.fsync(handle.fileno())
+    _fsync(path)
+
+
+def _fsync(directory: Path) -> None:
+    """Make the names in `directory` (a rename into it) durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, content: object) -> None:
+    """A temporary name, fsync, rename into place, fsync of the directory."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w") as handle:
+        json.dump(content, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    tmp.replace(path)
+    _fsync(path.parent)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _inside(name: object) -> bool:
+    """A manifest name that stays inside its base directory (no absolute path, no `..`)."""
+    return (
+        isinstance(name, str)
+        and bool(name)
+        and not Path(name).is_absolute()
+        and ".." not in Path(name).parts
+    )
+
+
+def _valid_file(entry: object) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("bytes"), int)
+        and isinstance(entry.get("sha256"), str)
+        and bool(_HEX64.match(entry["sha256"]))
+    )
+
+
+def _valid_record(entry: object) -> bool:
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("step"), int)
+        and isinstance(entry.get("sha256"), str)
+        and bool(_HEX64.match(entry["sha256"]))
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -28,7 +28,14 @@ from torch import nn
 
 from buffer.collate import collate
 from buffer.schema import RolloutGroup
-from buffer.streams import Delivery, RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
+from buffer.streams import (
+    Delivery,
+    RolloutSource,
+    SlotRefusedError,
+    TelemetryReader,
+    VersionPublisher,
+    WeightWriter,
+)
 from contract import metrics as M
 from contract.evals import EvalReport
 from contract.layout import TrialPaths
@@ -38,8 +45,14 @@ from learner.config import ArmBase, LearnerConfig
 from learner.runtime.checkpoint import CheckpointStore, TrainingState
 from learner.runtime.distributed import SINGLE, DistContext, broadcast_batch
 from learner.runtime.evals_log import EvalsLog
-from learner.runtime.intake import ModelLimits, fixed_rule, model_limits, split_poison
-from learner.runtime.metrics_log import GroupLedger, MetricsLog
+from learner.runtime.intake import (
+    IntakeRules,
+    ModelLimits,
+    TrialSlots,
+    intake_check,
+    model_limits,
+)
+from learner.runtime.metrics_log import GroupLedger, MetricsLog, step_records
 from learner.runtime.models import build_step_models, checkpoint_modules, wrap_ddp
 from learner.runtime.staleness_accounting import GroupTiming, group_timing, staleness_metrics
 from learner.runtime.step import DivergenceError, StepModels, check_group_split, train_on_batch
@@ -67,13 +80,16 @@ class LearnerTask:
     # The generators' sampled distribution: the learner scores tokens under it
     # (learner.runtime.forward).
     sampling: SamplingSettings = PLAIN
+    # Prompt index -> the prompt tokens its generator must have used; None: intake checks the
+    # prompt index alone (learner.runtime.intake).
+    prompt_ids: Callable[[int], Sequence[int]] | None = None
 
 
 @dataclass
 class LearnerOutcome:
-    status: TrialStatus  # completed | diverged
+    status: TrialStatus  # completed | diverged | failed (a batch that can never be complete)
     steps_completed: int
-    diverged_reason: str | None = None
+    diverged_reason: str | None = None  # why it diverged or failed, one line
     final_metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -142,7 +158,9 @@ def run_learner(
     models: StepModels = build_step_models(task.model_dir, task.arm, cfg, total_steps)
     modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval use these
     train_models = wrap_ddp(models, dist)
-    checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints)
+    checkpoints = CheckpointStore(
+        TrialPaths(task.trial_dir).checkpoints, records=partial(step_records, task.trial_dir)
+    )
     metrics_log = MetricsLog(task.trial_dir)
     evals_log = EvalsLog(task.trial_dir)
     ledger = GroupLedger(task.trial_dir)
@@ -150,16 +168,20 @@ def run_learner(
     # A resumed learner restarts at its checkpoint; generators may then need versions back to
     # (checkpoint - lag), so keep every version since the last checkpoint, plus the lag.
     keep = max(cfg.keep_versions, task.lag + cfg.checkpoint_every + 2)
-    if resume and checkpoints.latest_step() is not None:
-        state = checkpoints.load(modules)
+    if resume and checkpoints.has_checkpoints():
+        # The newest intact checkpoint (latest.json is a hint); nothing is deleted until it is
+        # loaded and the step files it vouches for are checked (else one-line ResumeError).
+        state = checkpoints.load(modules, say=partial(print, flush=True) if dist.is_main else None)
         if dist.is_main:
+            checkpoints.verify_records(state.step, task.trial_dir)
             metrics_log.truncate_after(state.step)
             evals_log.truncate_after(state.step)
             ledger.truncate_after(state.step)
     elif dist.is_main:
-        # No checkpoint: start from the initial weights. A resumed learner killed before its
-        # first checkpoint may already have published v0 and later versions; it redoes those
-        # steps like any resume (publish_unless_done), its uncommitted groups are still pending.
+        # No checkpoint ever completed: start from the initial weights. A resumed learner killed
+        # before its first checkpoint may already have published v0 and later versions; it
+        # redoes those steps like any resume (publish_unless_done), its uncommitted groups are
+        # still pending.
         metrics_log.truncate_after(-1)
         evals_log.truncate_after(-1)
         ledger.truncate_after(-1)
@@ -171,17 +193,31 @@ def run_learner(
         pass_rate = _evaluate(evaluate, models.policy.module, 0, evals_log)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     trained = set(state.trained_group_ids)
-    limits = model_limits(models.policy.module.config)
+    rules = _intake_rules(task, model_limits(models.policy.module.config))
     uncommitted: list[Delivery] = []  # trained since the last checkpoint
     metrics: dict[str, float] = {}
+    if task.mode == "fixed" and state.refused_slots:  # the checkpoint recorded one: fail at once
+        return _refused_outcome(state, metrics)
     checkpoint_s: float | None = None  # logged on the step after its checkpoint
     with StepWriter() as step_io:  # weights, metric rows, ledger: off the critical path
         while state.step < total_steps:
             step = state.step
             t_wait = time.perf_counter()
-            deliveries, dropped = (
-                _take(buffer, task, step, trained, limits) if dist.is_main else ([], [])
-            )
+            try:
+                deliveries, dropped = (
+                    _take(buffer, task, step, trained, rules=rules, total_steps=total_steps)
+                    if dist.is_main
+                    else ([], [])
+                )
+            except SlotRefusedError as exc:
+                # Nothing can fill that slot. A checkpoint of this step records why, so a resume
+                # fails at once too, then the trial ends with that line.
+                state.refused_slots = {**state.refused_slots, exc.group_id: str(exc)}
+                step_io.drain()
+                _commit(checkpoints, state, modules, buffer, uncommitted)
+                if dist.world_size > 1:
+                    raise  # the other ranks wait in the batch broadcast: end them all
+                return _refused_outcome(state, metrics)
             taken_at = time.time()
             wait_s = time.perf_counter() - t_wait
             t_train = time.perf_counter()
@@ -321,25 +357,46 @@ def _provenance(delivery: Delivery, timing: GroupTiming) -> dict[str, object]:
     }
 
 
+def _intake_rules(task: LearnerTask, limits: ModelLimits) -> IntakeRules:
+    return IntakeRules(
+        mode=task.mode,
+        lag=task.lag,
+        seed=task.seed,
+        prompts_per_step=task.learner.prompts_per_step,
+        group_size=task.group_size,
+        max_new_tokens=task.max_new_tokens,
+        reward_range=task.learner.reward_range,
+        limits=limits,
+        prompt_ids=task.prompt_ids,
+    )
+
+
 def _take(
-    buffer: RolloutSource, task: LearnerTask, step: int, trained: set[str], limits: ModelLimits
+    buffer: RolloutSource,
+    task: LearnerTask,
+    step: int,
+    trained: set[str],
+    *,
+    rules: IntakeRules,
+    total_steps: int,
 ) -> tuple[list[Delivery], list[Delivery]]:
     """The groups of step `step` under the staleness rule, skipping ones already trained, and
     the groups dropped as too stale meanwhile (bounded mode; already acked by the buffer).
 
-    Groups that break the fixed-lag rule or the model's limits go to the dead letter
-    (`learner.runtime.intake`); the step trains the rest."""
+    Every group is checked (`learner.runtime.intake`) as it is read, before it can take a slot:
+    a refused one goes to the dead letter and the real group still fills its slot. Fixed mode
+    raises SlotRefusedError when a slot the trial needs can never be filled."""
     n = task.learner.prompts_per_step
+    check = intake_check(rules, learner_version=step)
     dropped: list[Delivery] = []
     if task.mode == "fixed":
-        rule = fixed_rule(task.lag, n, task.seed)  # refused before the batch is assembled
-        deliveries = buffer.take_batch(step, n, task.consumer, task.take_timeout_s, accept=rule)
+        slots = TrialSlots(task.seed, n, total_steps)
+        deliveries = buffer.take_batch(
+            step, n, task.consumer, task.take_timeout_s, accept=check, slots=slots
+        )
     else:
-        taken = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s)
+        taken = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s, accept=check)
         deliveries, dropped = taken.deliveries, taken.dropped
-    deliveries, poison = split_poison(deliveries, limits)
-    for delivery, reason in poison:  # the model cannot score them: dead letter, train the rest
-        buffer.reject([delivery], reason, task.consumer)
     fresh = [d for d in deliveries if d.group.group_id not in trained]
     if len(fresh) != len(deliveries):
         stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
@@ -349,12 +406,16 @@ def _take(
                 f"step {step}: the buffer redelivered groups already trained "
                 f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
             )
-    if not fresh:
-        reasons = "; ".join(reason for _, reason in poison)
-        raise RuntimeError(f"step {step}: every group taken was refused: {reasons}")
     # Arrival order must not matter in fixed mode: train in prompt order.
     fresh.sort(key=lambda d: (d.group.prompt_index, d.group.group_id))
     return fresh, dropped
+
+
+def _refused_outcome(state: TrainingState, metrics: dict[str, float]) -> LearnerOutcome:
+    """The trial's end when a slot can never be filled: the first refusal's line."""
+    group_id = min(state.refused_slots)
+    reason = f"step {state.step}: {state.refused_slots[group_id]}"
+    return LearnerOutcome(TrialStatus.FAILED, state.step, reason, metrics)
 
 
 def _commit(

@@ -1,12 +1,19 @@
 """Per-step metrics on disk: `metrics.parquet/` is a directory of one Parquet part per step
 (`contract.step_tables` owns that format: why parts, and how a resumed trial drops the newer
-ones).
+ones), and the ledger of trained groups.
+
+A checkpoint of step k vouches for the per-step files of steps <= k (`step_records`: metric and
+eval parts, ledger files) with their sha256 in its manifest; a resumed learner checks them
+(`learner.runtime.checkpoint.CheckpointStore.verify_records`) and fails in one line on a missing
+or damaged one instead of completing with rows or groups silently missing.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -14,6 +21,8 @@ import pyarrow as pa
 from contract import metrics as M
 from contract import step_tables
 from contract.layout import TrialPaths
+
+_LEDGER_FILE = re.compile(r"^step-(\d{6,})\.json$")
 
 METRICS_SCHEMA = pa.schema(
     [pa.field(M.STEP, pa.int64()), pa.field(M.TIMESTAMP, pa.float64())]
@@ -71,15 +80,28 @@ class GroupLedger:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def record(self, step: int, rows: list[dict[str, object]]) -> None:
-        final = self.root / f"step-{step:06d}.json"
+        final = self.path(step)
         tmp = final.with_name(f".{final.name}.tmp")
-        tmp.write_text(json.dumps(rows))
+        with tmp.open("w") as handle:
+            handle.write(json.dumps(rows))
+            handle.flush()
+            os.fsync(handle.fileno())  # durable before a checkpoint vouches for it
         tmp.replace(final)
+        step_tables.fsync_dir(self.root)
+
+    def path(self, step: int) -> Path:
+        return self.root / f"step-{step:06d}.json"
+
+    def steps(self) -> list[int]:
+        """Steps with a ledger file, ascending (temporary files are skipped)."""
+        return sorted(
+            int(m.group(1)) for p in self.root.iterdir() if (m := _LEDGER_FILE.match(p.name))
+        )
 
     def truncate_after(self, step: int) -> None:
-        for path in self.root.glob("step-*.json"):
-            if int(path.stem.split("-")[1]) > step:
-                path.unlink()
+        for existing in self.steps():
+            if existing > step:
+                self.path(existing).unlink()
 
     def read(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []
@@ -87,3 +109,21 @@ class GroupLedger:
             step = int(path.stem.split("-")[1])
             rows += [{"step": step, **row} for row in json.loads(path.read_text())]
         return rows
+
+
+def step_records(trial_dir: Path, through: int) -> dict[str, tuple[int, Path]]:
+    """The per-step files a checkpoint of step `through` vouches for: the metric and eval parts
+    and ledger files of steps <= `through`, as {path relative to `trial_dir`: (step, path)}."""
+    paths = TrialPaths(Path(trial_dir))
+    found: dict[str, tuple[int, Path]] = {}
+    for root in (paths.metrics, paths.evals):
+        for step in step_tables.part_steps(root):
+            if step <= through:
+                part = step_tables.part_path(root, step)
+                found[f"{root.name}/{part.name}"] = (step, part)
+    if paths.trained_groups.is_dir():
+        ledger = GroupLedger(trial_dir)
+        for step in ledger.steps():
+            if step <= through:
+                found[f"{ledger.root.name}/{ledger.path(step).name}"] = (step, ledger.path(step))
+    return found

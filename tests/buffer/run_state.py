@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import redis
 
 from buffer.connection import RunKeys
+from buffer.schema import RolloutGroup, encode_group
 from buffer.telemetry import DEAD_LETTER, DROPPED_STALE
 from tests.buffer.factories import RUN_ID
 
@@ -39,3 +40,15 @@ def mark_trained(client: redis.Redis, group_ids: Iterable[str], run_id: str = RU
     ids = list(group_ids)
     if ids:
         client.sadd(RunKeys(run_id).trained, *ids)
+
+
+def xadd_unchecked(
+    client: redis.Redis, group: RolloutGroup, batch_index: int, run_id: str = RUN_ID
+) -> str:
+    """Add a group's entry as `Outbox` would, but without its claim: no digest key, so the id is
+    not taken (a forger with write access to Redis, or a producer stalled past its claim)."""
+    fields = {
+        "data": encode_group(group), "policy_version": group.policy_version,
+        "batch_index": batch_index, "group_id": group.group_id, "producer": group.generator_id,
+    }  # fmt: skip
+    return client.xadd(RunKeys(run_id).stream, fields).decode()

@@ -63,6 +63,34 @@ def test_override_parsing_and_arm_addressing(tmp_path: Path) -> None:
     assert cfg.seeds == [3, 4]
 
 
+def test_seed_ranges_in_the_file_and_in_overrides(tmp_path: Path) -> None:
+    # range(a,b) is Python's: seeds a to b - 1; as list items they are quoted YAML strings.
+    assert load_config(write(tmp_path, MINIMAL + "seeds: range(0,4)\n")).seeds == [0, 1, 2, 3]
+    cfg = load_config(write(tmp_path, MINIMAL), ['seeds=[7,"range(2,5)"]'])
+    assert cfg.seeds == [7, 2, 3, 4]
+    cfg = load_config(write(tmp_path, MINIMAL), ["seeds=range(0, 216)"])
+    assert cfg.seeds == list(range(216))
+    assert cfg.config_hash() == load_config(write(tmp_path, MINIMAL)).config_hash()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("seeds=range(3,3)", r"'range\(3,3\)' is empty; range\(a,b\) needs a < b"),
+        ("seeds=rnge(0,3)", r"'rnge\(0,3\)' is neither an integer nor range\(a,b\)"),
+        ("seeds=range(0,3", r"'range\(0,3' is neither an integer nor range\(a,b\)"),
+        # Unquoted inside a YAML list the comma splits the range: the error shows how to quote.
+        ("seeds=[0,range(2,5)]", r"'range\(2' is neither .* quote ranges inside a list"),
+        ('seeds=[0,"range(0,3)"]', r"seeds has duplicates"),
+    ],
+)
+def test_malformed_seed_ranges_are_refused_by_name(
+    tmp_path: Path, override: str, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, MINIMAL), [override])
+
+
 def test_override_without_equals_is_rejected() -> None:
     with pytest.raises(ConfigError, match=r"section\.field=value"):
         apply_overrides({}, ["learner.lr"])

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
-from learner.runtime.checkpoint import CheckpointStore, TrainingState
+from learner.runtime.checkpoint import MANIFEST_FORMAT, CheckpointStore, ResumeError, TrainingState
 from learner.runtime.schedule import lr_multiplier
 
 
@@ -67,3 +70,61 @@ def test_lr_schedule_values() -> None:
     assert lr_multiplier(0, 0, 10, "cosine") == 1.0
     assert abs(lr_multiplier(10, 0, 10, "cosine") - 0.1) < 1e-12
     assert abs(lr_multiplier(5, 0, 10, "cosine") - 0.55) < 1e-12  # 0.1 + 0.9 * 0.5
+
+
+def test_manifest_holds_a_sha256_per_file_and_is_written_last(tmp_path: Path) -> None:
+    model, _opt, _sched = _modules(0)
+    part = tmp_path / "trial/metrics.parquet/part-000002.parquet"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"row of step 2")
+    records = lambda step: {"metrics.parquet/part-000002.parquet": (2, part)}  # noqa: E731
+    store = CheckpointStore(tmp_path / "trial/checkpoints", records=records)
+    final = store.save(TrainingState(step=2), {"policy": model})
+    manifest = json.loads((final / "manifest.json").read_text())
+    state = (final / "state.pt").read_bytes()
+    assert manifest["format"] == MANIFEST_FORMAT and manifest["step"] == 2
+    assert manifest["files"] == {
+        "state.pt": {"sha256": hashlib.sha256(state).hexdigest(), "bytes": len(state)}
+    }
+    assert manifest["records"] == {
+        "metrics.parquet/part-000002.parquet": {
+            "step": 2,
+            "sha256": hashlib.sha256(b"row of step 2").hexdigest(),
+        }
+    }
+    assert (final / "manifest.json").stat().st_mtime_ns >= (final / "state.pt").stat().st_mtime_ns
+    assert sorted(p.name for p in final.iterdir()) == ["manifest.json", "state.pt"]
+
+
+def test_a_checkpoint_without_a_valid_manifest_is_skipped(tmp_path: Path, capsys) -> None:
+    model, _opt, _sched = _modules(0)
+    store = CheckpointStore(tmp_path)
+    for step in (2, 4):
+        store.save(TrainingState(step=step), {"policy": model})
+    (tmp_path / "step-000004/manifest.json").unlink()  # as a kill between rename and manifest
+    assert store.latest_step() == 2
+    assert store.load({"policy": model}, say=print).step == 2
+    assert capsys.readouterr().out.splitlines() == [
+        "checkpoint step-000004 skipped: it has no manifest.json (its save did not finish, or "
+        "the manifest was lost)",
+        "resuming from checkpoint step-000002 (latest.json names step-000004)",
+    ]
+    (tmp_path / "step-000002/manifest.json").write_text("{not json")
+    assert store.latest_step() is None
+    with pytest.raises(ResumeError, match=r"no intact checkpoint in .*step-000002: manifest\.json"):
+        store.load({"policy": model})
+
+
+def test_pruning_keeps_older_intact_checkpoints_over_newer_skipped_ones(tmp_path: Path) -> None:
+    model, _opt, _sched = _modules(0)
+    store = CheckpointStore(tmp_path, keep=2)
+    for step in (2, 4):
+        store.save(TrainingState(step=step), {"policy": model})
+    (tmp_path / "step-000004/state.pt").unlink()  # skipped by the resume, which loads step 2
+    store.save(TrainingState(step=3), {"policy": model})  # its first checkpoint after the resume
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == [
+        "step-000002",
+        "step-000003",
+        "step-000004",
+    ]
+    assert store.latest_step() == 3

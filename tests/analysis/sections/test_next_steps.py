@@ -14,10 +14,12 @@ import yaml
 
 from analysis.sections.next_steps import (
     PLACEHOLDER_CONFIG,
+    LaunchFacts,
     extended_seeds,
     extension_command,
     launch_facts,
     next_step_rows,
+    seeds_text,
 )
 from analysis.summary import row, to_frame
 from contract.layout import ExperimentPaths
@@ -103,7 +105,7 @@ def test_next_step_rows_from_the_power_table(tmp_path: Path) -> None:
     needed = out[out["statistic"] == "seeds_needed"].set_index(["comparison", "lag"])
     lag0 = needed.loc[("grpo vs gspo", 0)]
     assert lag0["value"] == 6 and lag0["n"] == 3
-    assert _parse_run(lag0["note"].removeprefix("run: "))["overrides"] == ["seeds=[0,1,2,3,4,5]"]
+    assert _parse_run(lag0["note"].removeprefix("run: "))["overrides"] == ["seeds=range(0,6)"]
     assert (
         needed.loc[("grpo vs gspo", 2)]["note"]
         == "the 3 seeds run are enough at the observed effect"
@@ -119,4 +121,50 @@ def test_without_resolved_config_the_command_names_a_placeholder(tmp_path: Path)
     facts = launch_facts(tmp_path, trials)
     assert facts.config_path == PLACEHOLDER_CONFIG and facts.steps_flag == 10
     params = _parse_run(extension_command(facts, 3))
-    assert params["overrides"] == ["seeds=[0,1,2]"] and params["steps"] == 10
+    assert params["overrides"] == ["seeds=range(0,3)"] and params["steps"] == 10
+
+
+def test_seeds_are_written_compactly() -> None:
+    assert seeds_text(list(range(216))) == "range(0,216)"
+    assert seeds_text([0, 1]) == "range(0,2)"
+    assert seeds_text([5]) == "[5]"
+    # Runs of 3 or more become quoted range items; shorter runs stay integers.
+    assert seeds_text([0, 2, 5, 6, 7, 8, 11, 12]) == '[0,2,"range(5,9)",11,12]'
+
+
+@pytest.mark.parametrize(
+    ("current", "needed", "expected"),
+    [
+        ((0, 1, 2), 12, list(range(12))),
+        ((0, 1, 2), 50, list(range(50))),
+        ((42, 43), 12, [*range(10), 42, 43]),  # kept seeds outside the new run
+    ],
+)
+def test_the_printed_seeds_parse_through_the_real_config_loader(
+    current: tuple[int, ...], needed: int, expected: list[int]
+) -> None:
+    facts = LaunchFacts(Path("runs/x"), str(REPO / "configs/quickstart.yaml"), current, None)
+    command = extension_command(facts, needed)
+    assert len(command) < 120  # never a list of every seed
+    params = _parse_run(command)
+    assert load_config(params["config"], params["overrides"]).seeds == expected
+
+
+def test_more_than_fifty_seeds_get_advice_instead_of_a_command(tmp_path: Path) -> None:
+    root = tmp_path / "exp"
+    facts = launch_facts(root, _finished_experiment(root))
+    power = [
+        row("power", "seeds_needed", 216.0, lag=0, comparison="grpo vs gspo"),
+        row("power", "seeds_needed", 12.0, lag=2, comparison="grpo vs gspo"),
+    ]
+    out = to_frame(next_step_rows(to_frame(power), facts))
+    needed = out[out["statistic"] == "seeds_needed"].set_index(["comparison", "lag"])
+    note = needed.loc[("grpo vs gspo", 0)]["note"]
+    assert "run:" not in note and "harness" not in note
+    assert note.startswith("about 216 seeds per arm: the observed effect is impractically small")
+    assert "longer runs, a larger eval set" in note
+    # 'every comparison' powers the comparisons seeds can resolve, and says which it leaves out.
+    every = out[(out["comparison"] == "every comparison") & (out["statistic"] == "seeds_needed")]
+    assert every["value"].item() == 12
+    assert "'seeds=range(0,12)'" in every["note"].item()
+    assert every["note"].item().endswith("(comparisons needing more than 50 seeds left out)")

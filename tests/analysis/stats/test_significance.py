@@ -25,6 +25,7 @@ from analysis.stats.significance import (
     min_p_fisher,
     min_p_mann_whitney,
     min_p_wilcoxon,
+    paired_t,
     rank_sum_counts,
     welch,
     wilcoxon_paired,
@@ -225,3 +226,19 @@ def test_hedges_g_hand_worked() -> None:
 def test_cliffs_delta_is_two_poi_minus_one(x: list[int], y: list[int]) -> None:
     xs, ys = np.array(x, float), np.array(y, float)
     assert cliffs_delta(xs, ys) == pytest.approx(2 * probability_of_improvement(xs, ys) - 1)
+
+
+def test_paired_t_hand_worked() -> None:
+    # Differences (0.1, 0.2, 0.3): mean 0.2, SD 0.1, t = 0.2 / (0.1 / sqrt 3) = 3.464 on 2 df,
+    # two-sided p = 2 * (1 - T_2(3.464)) = 0.0742.
+    result = paired_t(np.array([0.6, 0.7, 0.8]), np.array([0.5, 0.5, 0.5]))
+    assert result.p_value == pytest.approx(2 * stats.t.sf(2 * math.sqrt(3), 2), rel=1e-12)
+    assert result.p_value == pytest.approx(0.0742, abs=1e-4)
+    assert (result.n, result.min_attainable_p, result.note) == (3, 0.0, "")
+
+
+def test_paired_t_needs_two_pairs_and_varying_differences() -> None:
+    one = paired_t(np.array([0.6, np.nan]), np.array([0.5, 0.5]))
+    assert math.isnan(one.p_value) and one.n == 1 and "at least 2 matched seeds" in one.note
+    same = paired_t(np.array([0.6, 0.7]), np.array([0.5, 0.6]))  # both differences 0.1
+    assert math.isnan(same.p_value) and "every matched difference is equal" in same.note
