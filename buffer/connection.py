@@ -41,6 +41,11 @@ class BufferConnectionError(ConnectionError):
     """Redis could not be reached or refused us; the message names the URL (password hidden)."""
 
 
+class RedisWritesRefusedError(BufferConnectionError):
+    """Redis answers but refuses writes because it cannot write its AOF (MISCONF: a full or
+    failing disk under its data directory)."""
+
+
 class RunStateLostError(RuntimeError):
     """Redis no longer holds the run's state (restarted without AOF, or flushed): nothing this
     run put there (stream, tickets, trained ids, policy versions) can be trusted to exist."""
@@ -138,10 +143,20 @@ def _checked_handshake(check: ConnectionCheck) -> ConnectionCheck:
 
 @contextlib.contextmanager
 def redis_failures_in_one_line(url: str) -> Iterator[None]:
-    """Turn a connection that stayed broken through every retry (Redis died) or a command that
-    timed out into a BufferConnectionError whose one-line message says what to do."""
+    """Turn a connection that stayed broken through every retry (Redis died), a command that
+    timed out, or a write Redis refused because it cannot write its AOF (MISCONF) into a
+    BufferConnectionError whose one-line message says what to do."""
     try:
         yield
+    except redis.ResponseError as exc:
+        detail = " ".join(str(exc).split()).rstrip(".")
+        if "MISCONF" not in detail and "writing to the AOF" not in detail:
+            raise
+        raise RedisWritesRefusedError(
+            f"Redis at {redact(url)} refuses writes ({detail}); the run stopped here. Its disk is "
+            "full or failing: free space where it keeps its data (the embedded one: the trial's "
+            "redis/ directory) and rerun the trial with --resume"
+        ) from exc
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         detail = " ".join(str(exc).split()).rstrip(".") or type(exc).__name__  # one line
         if isinstance(exc, redis.TimeoutError):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis
@@ -245,6 +245,41 @@ class RolloutBuffer:
             [d.entry_id for d in deliveries],
             trained_group_ids=[d.group.group_id for d in deliveries],
         )
+
+    def committed_beyond(self, trained_group_ids: Container[str]) -> list[str]:
+        """Group ids the run's Redis records as trained (committed) that `trained_group_ids`
+        lacks, sorted. A resumed learner passes its checkpoint's trained ids: any id found here
+        was committed after that checkpoint, so its group is gone from the buffer for good."""
+        members = self._client.sscan_iter(self._keys.trained, count=1000)
+        return sorted(m.decode() for m in members if m.decode() not in trained_group_ids)
+
+    def recommit(self, trained_group_ids: Collection[str]) -> int:
+        """Finish the commit a learner killed after its checkpoint did not get to: record
+        `trained_group_ids` (the checkpoint's) as trained, and settle every entry still in the
+        stream whose group is one of them. Returns how many entries it settled.
+
+        Without this a resumed learner reads those entries back, as batches before the one it
+        takes, and drops them as too stale (buffer/dropped_stale) although they were trained;
+        regenerated copies (a ticket re-issued after an AOF lost its completion) are then
+        recognised as trained duplicates too."""
+        ids = list(trained_group_ids)
+        pipe = self._client.pipeline(transaction=False)
+        for start in range(0, len(ids), 1000):
+            pipe.sadd(self._keys.trained, *ids[start : start + 1000])
+        pipe.execute()
+        wanted = set(ids)
+        doomed: list[str] = []
+        cursor = "-"
+        while True:
+            entries = self._client.xrange(self._keys.stream, min=cursor, count=256)
+            for raw_id, fields in entries:
+                if fields.get(b"group_id", b"").decode(errors="replace") in wanted:
+                    doomed.append(raw_id.decode())
+            if len(entries) < 256:
+                break
+            cursor = "(" + entries[-1][0].decode()
+        self._settle(doomed)
+        return len(doomed)
 
     def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:
         """Dead-letter taken deliveries that must not be trained (e.g. poison for the model)."""

@@ -59,6 +59,10 @@ def _free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+class RedisStartError(RuntimeError):
+    """redis-server would not start (an AOF it cannot load, a port it cannot bind): one line."""
+
+
 class EmbeddedRedis:
     """A private redis-server on 127.0.0.1; use as a context manager, connect with `.url`.
 
@@ -83,6 +87,7 @@ class EmbeddedRedis:
         self.port: int | None = None
         self._start_timeout_s = start_timeout_s
         self._process: subprocess.Popen[bytes] | None = None
+        self._log_start = 0  # where the running server's lines begin in its (appended) log
 
     @property
     def url(self) -> str:
@@ -126,17 +131,33 @@ class EmbeddedRedis:
         fixed_port = self.port is not None
         for _attempt in range(3):  # a free port can be taken between probing and binding
             self.port = self.port if fixed_port else _free_port(self.host)
+            self._log_start = self._log_size()
             self._process = self._spawn(binary)
             if self._wait_until_ready():
                 atexit.register(self.stop)
                 return
+            exited = self._process.poll() is not None
             self._reap()
+            why = self._log_warning(self._log_start)
+            if exited and "Address already in use" not in why:
+                raise RedisStartError(self._start_failure(why))  # another port would not help
             if fixed_port:
                 break
-        raise RuntimeError(
+        raise RedisStartError(
             f"redis-server did not answer on {self.host}:{self.port} within "
-            f"{self._start_timeout_s} s; its log {self.log_file} ends with:\n{self._log_tail()}"
+            f"{self._start_timeout_s} s; see its log {self.log_file}"
         )
+
+    def exit_reason(self) -> str | None:
+        """None while the server runs (or was never started); once it exited on its own (a
+        crash, a kill, an AOF it could not write), one line saying how and what its log said."""
+        process = self._process
+        if process is None or process.poll() is None:
+            return None
+        code = process.returncode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        said = self._log_warning(self._log_start, running=True, last=2)
+        return f"redis-server (pid {process.pid}) {how}" + (f": {said}" if said else "")
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SHUTDOWN (which fsyncs the AOF), then SIGTERM, then SIGKILL; idempotent."""
@@ -230,8 +251,39 @@ class EmbeddedRedis:
             process.kill()
         process.wait()
 
-    def _log_tail(self, lines: int = 20) -> str:
+    def _log_size(self) -> int:
         try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_file.stat().st_size
         except OSError:
-            return "(no log written)"
+            return 0
+
+    def _log_warning(self, start: int, *, running: bool = False, last: int = 1) -> str:
+        """The last `last` warning (`#`) lines the server logged after byte `start`, without
+        their pid/time prefix, joined into one line; '' if none. Redis logs why it refused to
+        start, or stopped, this way. `running`: only those after it was ready (its start-up
+        always warns about memory overcommit)."""
+        try:
+            with self.log_file.open("rb") as log:
+                log.seek(start)
+                lines = log.read().decode(errors="replace").splitlines()
+        except OSError:
+            return ""
+        if running:
+            ready = [i for i, line in enumerate(lines) if "Ready to accept connections" in line]
+            lines = lines[ready[-1] + 1 :] if ready else []
+        warnings = [" ".join(line.split(" # ", 1)[1].split()) for line in lines if " # " in line]
+        return " / ".join(warnings[-last:])
+
+    def _start_failure(self, why: str) -> str:
+        """One line for a server that exited while starting; an AOF it cannot load says how to
+        repair it."""
+        what = f"redis-server exited while starting in {self.data_dir}: {why or 'no reason logged'}"
+        if "append only file" not in why and "AOF" not in why:
+            return f"{what} (its log: {self.log_file})"
+        manifest = next(self.data_dir.glob("appendonlydir/*.manifest"), None)
+        repair = f"redis-check-aof --fix {manifest}" if manifest else "redis-check-aof --fix"
+        return (
+            f"{what}. The run's AOF is damaged: back up {self.data_dir}, then either repair it "
+            f"with `{repair}` (it drops everything after the damage) and resume with --resume, "
+            "or rerun the trial without --resume"
+        )

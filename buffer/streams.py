@@ -34,7 +34,7 @@ VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the 
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping, Sequence
+from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
@@ -140,6 +140,15 @@ class RolloutSource(Protocol):
 
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Acknowledge without marking trained (redelivered copies of trained groups)."""
+        ...
+
+    def committed_beyond(self, trained_group_ids: Container[str]) -> list[str]:
+        """Ids Redis has committed as trained that `trained_group_ids` (a checkpoint's) lacks."""
+        ...
+
+    def recommit(self, trained_group_ids: Collection[str]) -> int:
+        """Record a checkpoint's trained ids as trained and settle their entries still pending
+        (a commit a killed learner did not get to); returns how many entries it settled."""
         ...
 
 

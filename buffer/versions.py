@@ -134,6 +134,22 @@ class VersionRegistry:
             ) from exc
         self.watch.saw(version, f"this process published v{version}")
 
+    def restore_locations(self, locations: dict[int, str]) -> list[int]:
+        """Name the location of each version in `locations` the registry lacks, without moving
+        the current version or announcing anything; returns the versions restored.
+
+        For a resumed learner: an AOF truncated by a crash (Redis loads it, aof-load-truncated)
+        keeps the registry's older writes and loses the newest, so a version a generator still
+        needs may have lost its location while its weights are still in the weight store.
+        """
+        if not locations:
+            return []
+        pipe = self._client.pipeline(transaction=True)
+        for version, location in sorted(locations.items()):
+            pipe.hsetnx(self._keys.version_locations, version, location)
+        added = pipe.execute()
+        return [v for v, new in zip(sorted(locations), added, strict=True) if new]
+
     def record_initial_weights(self, digest: str, who: str) -> None:
         """The learner names the initial weights (v0) of the run, before it publishes v0. A
         resumed learner must name the same ones: InitialWeightsMismatchError otherwise."""

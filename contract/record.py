@@ -9,6 +9,7 @@ record is rewritten as the trial progresses and older runners wrote fewer keys.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
@@ -115,6 +116,26 @@ def read_trial_record(trial_dir: Path) -> TrialRecord | None:
 def write_trial_record(trial_dir: Path, record: TrialRecord) -> None:
     """Write `trial_dir/trial.json` atomically."""
     write_json_atomic(TrialPaths(Path(trial_dir)).metadata, record.to_json())
+
+
+def rewrite_trial_record_in_place(trial_dir: Path, record: TrialRecord) -> None:
+    """Overwrite `trial_dir/trial.json` in place, within the disk blocks it already holds.
+
+    Only for a full disk, where `write_trial_record`'s temporary file cannot be created (ENOSPC)
+    but the trial must still end `failed` rather than stay `running`. Not atomic: a kill halfway
+    leaves an invalid record, which readers report and the next attempt replaces. Raises OSError
+    (ENOSPC) without touching the file when the new text would need more blocks than it has.
+    """
+    path = TrialPaths(Path(trial_dir)).metadata
+    text = json.dumps(record.to_json(), indent=2, sort_keys=True, default=str).encode()
+    with path.open("r+b") as handle:
+        allocated = os.fstat(handle.fileno()).st_blocks * 512
+        if len(text) > allocated:
+            raise OSError(errno.ENOSPC, f"{path} holds {allocated} bytes, the record needs more")
+        handle.write(text)
+        handle.truncate()
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -67,7 +67,8 @@ def clipped_reinforce_loss(
         weight = weight * masked_constant(batch.is_weights, mask, "is_weights")
     logprobs = torch.where(mask, batch.logprobs.float(), 0.0)  # (B, T); padding may hold junk
     per_token = -(weight * adv * logprobs)
-    loss = aggregate_padded(per_token, batch.lengths, options.agg, options.max_len)
+    # batch.totals: the whole minibatch's counts, so micro-batches and ranks add up exactly.
+    loss = aggregate_padded(per_token, batch.lengths, options.agg, options.max_len, batch.totals)
     kl_term, kl_ref = kl_ref_term(batch, options)
     if kl_term is not None:
         loss = loss + kl_term

@@ -36,8 +36,22 @@ app.add_typer(config_app, name="config")
 data_app = typer.Typer(help="Generate task data files locally.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 
+PRIVATE_UMASK = 0o077  # files 0600, directories 0700
+
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+
+
+@app.callback()
+def private_files() -> None:
+    # Runs before every command. Everything a command writes is private, files 0600 and
+    # directories 0700: trial directories hold prompts, responses, weights and Redis data, and
+    # the libraries that write much of it (SQLite for MLflow, pyarrow, torch, redis-server)
+    # create files with the umask's mode, so one umask covers them all. Components are
+    # `python -m harness.cli learner|generator ...`, so they set it too, wherever an executor
+    # starts them (design section 9). No docstring: it would replace the app's help.
+    os.umask(PRIVATE_UMASK)
+
 
 ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML, e.g. configs/quickstart.yaml.")]
 OverridesArg = Annotated[
@@ -63,23 +77,32 @@ def load_or_exit(config: Path, overrides: list[str] | None):
 
 
 def check_inputs(cfg: ExperimentConfig) -> None:
-    """Fail in one line, before any trial starts, when model.path or the task file is unusable.
+    """Fail in one line, before any trial starts, when model.path or a task is unusable.
 
-    Only what is cheap is checked: a user model directory's files and the whole task file (read
-    and split as the trial will); the built-in model is built later, by the trial.
+    Only what is cheap is checked: a user model directory's files and context length, the whole
+    task file (read and split as the trial will), and that every eval set can be drawn (a
+    procedural task's held-out problems are finite); the built-in model is built later, by the
+    trial.
     """
+    from harness.tasks.factory import make_task
+
     try:
         if cfg.model.path != "builtin":
-            from harness.models.factory import validate_model_dir
+            from harness.models.factory import check_model_context, validate_model_dir
 
-            validate_model_dir(Path(cfg.model.path).expanduser())
-        tasks = [cfg.task, *(t for _, _, t in cfg.train_components())]
-        tasks += [t for _, t in cfg.eval_sets()]  # eval sets and mixture components too
-        for task in tasks:
-            if task.name == "file":
-                from harness.tasks.factory import make_task
-
+            model_dir = validate_model_dir(Path(cfg.model.path).expanduser())
+            check_model_context(model_dir, cfg.generation.max_new_tokens)
+        # eval sets and mixture components too, each task once, named by where it is set
+        tasks = {id(cfg.task): ("", cfg.task)}
+        for name, _, task in cfg.train_components():
+            tasks.setdefault(id(task), (f"train_tasks.{name}: ", task))
+        for name, task in cfg.eval_sets():
+            tasks.setdefault(id(task), (f"evals.{name}: ", task))
+        for where, task in tasks.values():
+            try:
                 make_task(task).eval_prompts(task.eval_size)
+            except ConfigError as exc:
+                raise ConfigError(f"{where}{exc}") from None
     except ConfigError as exc:
         raise fail(str(exc)) from None
 
@@ -130,9 +153,21 @@ def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> Tria
         cfg.arm(arm)
     except ConfigError as exc:
         raise fail(str(exc)) from None
+    if seed < 0:  # it seeds numpy's SeedSequence, which takes no negative numbers
+        raise fail(f"--seed must be >= 0, got {seed}")
     if lag < 0:
         raise fail(f"--lag must be >= 0, got {lag}")
     return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)
+
+
+def check_out(out: str, option: str, command: str, *, uri_ok: bool) -> None:
+    """The output rule every command shares (harness.storage.output), as a one-line error."""
+    from harness.storage.output import check_output
+
+    try:
+        check_output(out, option=option, command=command, uri_ok=uri_ok)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
 
 
 def _redis_env() -> tuple[str, str]:
@@ -151,21 +186,27 @@ def trial(
     arm: ArmOpt,
     seed: SeedOpt,
     lag: LagOpt,
-    out: OutOpt,
+    # A string, not a Path: Path("s3://k:s@b/p") is the local path "s3:/k:s@b/p"; check_out
+    # refuses a URI (and any path that cannot be a directory) before anything is written.
+    out: Annotated[str, typer.Option("--out", help="Trial output directory (a local path).")],
     mode: ModeOpt = "fixed",
     steps: StepsOpt = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue a killed trial.")] = False,
     overrides: OverridesArg = None,
 ) -> None:
     """Run one trial: embedded Redis (unless configured), generator(s) and learner processes."""
-    from harness.executors import open_executor
+    from contract.layout import TrialPaths
+    from harness.trial.prepare import check_resume_config
     from harness.trial.supervisor import TrialFailedError, run_trial
 
     cfg = load_or_exit(config, overrides)
     spec = _trial_spec(cfg, arm, seed, lag, mode)
+    check_out(out, "--out", "harness trial", uri_ok=False)
     check_inputs(cfg)
     try:
-        outcome = run_trial(cfg, spec, out, steps=steps, resume=resume)
+        if resume:  # before the supervisor's lock or any file: a refusal leaves the dir as is
+            check_resume_config(cfg, TrialPaths(Path(out)), spec.name)
+        outcome = run_trial(cfg, spec, Path(out), steps=steps, resume=resume)
     except (TrialFailedError, ConfigError) as exc:
         raise fail(str(exc)) from None
     style = {"completed": "green", "diverged": "yellow"}.get(outcome.status, "red")
@@ -175,12 +216,12 @@ def trial(
     if outcome.reason:  # not wrapped: a one-line reason stays one line for grep and logs
         console.print(escape(outcome.reason), highlight=False, soft_wrap=True)
     code = 1 if outcome.status == "failed" else 0
-    if open_executor(cfg.executor).abandoned():  # Ray's exit hooks would wait a minute
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    if code:
-        raise typer.Exit(code)
+    # The outcome is recorded and every child stopped: skip the interpreter's teardown. Ray's
+    # exit hooks would wait a minute for a GCS that is gone, and unloading torch and vLLM took
+    # 10-15 s on a loaded machine, which `harness run` (and a user) waited out after the fact.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @app.command()
@@ -300,6 +341,13 @@ def run(
     # The flags are overrides, so every trial resolves the executor the experiment resolved.
     overrides = [*(overrides or []), *executor_overrides(executor, address)]
     cfg = load_or_exit(config, overrides)
+    if out is not None:
+        check_out(out, "--out", "harness run", uri_ok=True)
+    else:  # <output_dir>/<name>, as run_experiment resolves it
+        from harness.storage.output import is_uri
+
+        default = cfg.output_dir if is_uri(cfg.output_dir) else str(Path(cfg.output_dir) / cfg.name)
+        check_out(default, "output_dir/name", "harness run", uri_ok=True)
     check_inputs(cfg)
     try:
         result = run_experiment(cfg, config, out, overrides, max_parallel, steps, console=console)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,7 @@ from learner.config import (
 from learner.config.plugin_records import plugin_digests
 
 __all__ = [
+    "HASH_EXCLUDED",
     "UNREPRODUCIBLE_SAMPLING",
     "BuiltinTokenizer",
     "ConfigError",
@@ -74,6 +76,8 @@ __all__ = [
     "TrackingConfig",
     "TrainTaskConfig",
     "VerifierName",
+    "check_path_component",
+    "check_response_fits",
     "format_validation_error",
     "load_config",
     "load_config_data",
@@ -95,6 +99,11 @@ class TrackingConfig(BaseModel):
         default=None, description="MLflow experiment; default: the config's `name`."
     )
     enabled: bool = Field(default=True, description="Log to MLflow at all.")
+
+
+# Top-level fields left out of the config hash: they choose where, which and how many trials
+# run, never how one runs (ExperimentConfig.config_hash says why, field by field).
+HASH_EXCLUDED = frozenset({"executor", "seeds", "max_parallel"})
 
 
 class ExperimentConfig(BaseModel):
@@ -178,6 +187,21 @@ class ExperimentConfig(BaseModel):
     def _seed_ranges(cls, value: Any) -> Any:
         return expand_seed_ranges(value)
 
+    @field_validator("seeds")
+    @classmethod
+    def _non_negative_seeds(cls, value: list[int]) -> list[int]:
+        negative = [seed for seed in value if seed < 0]
+        if negative:
+            raise ValueError(
+                f"seeds must be >= 0 (they seed numpy's SeedSequence), got {negative[0]}"
+            )
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return check_path_component("name", value)
+
     @model_validator(mode="before")
     @classmethod
     def _moved_fields(cls, data: Any) -> Any:
@@ -207,6 +231,13 @@ class ExperimentConfig(BaseModel):
             )
         _check_rollout_routing(self.arms, self.generation.backend)
         _check_near_miss(self.model, self.task)
+        if self.model.path == "builtin":  # a model directory's context is checked by the CLI
+            check_response_fits(
+                self.generation.max_new_tokens,
+                self.model.max_seq_len,
+                f"model.max_seq_len={self.model.max_seq_len}",
+                "lower generation.max_new_tokens or raise model.max_seq_len",
+            )
         head_dim = self.model.hidden_size // self.model.num_heads
         if (
             self.model.path == "builtin"
@@ -264,6 +295,12 @@ class ExperimentConfig(BaseModel):
         """(name, weight, task) of the training stream's components (just `task` by default)."""
         return resolve_train_tasks(self.train_tasks, self.task)
 
+    def hashed_fields(self) -> dict[str, Any]:
+        """The resolved config as `config_hash` digests it (without HASH_EXCLUDED, and without
+        an empty `plugins`); plugin sources come on top there."""
+        exclude = {*HASH_EXCLUDED, *(() if self.plugins else ("plugins",))}
+        return self.model_dump(mode="json", exclude=exclude)
+
     def config_hash(self) -> str:
         """Short digest of the resolved config, recorded with every run."""
         # Without `executor`: where trials run changes no result, and a trial started by one
@@ -274,12 +311,41 @@ class ExperimentConfig(BaseModel):
         # With plugins, their source digests too: a finished trial of a changed plugin is not
         # the trial this config would run.
         # An empty `plugins` is left out so that configs without plugins keep their hash.
-        exclude = {"executor", "seeds", "max_parallel", *(() if self.plugins else ("plugins",))}
-        resolved = self.model_dump(mode="json", exclude=exclude)
+        resolved = self.hashed_fields()
         if self.plugins:
             resolved["plugin_sources"] = plugin_digests(self.plugins)
         canonical = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def check_response_fits(max_new_tokens: int, context: int, source: str, advice: str) -> None:
+    """A prompt of at least one token and a full-length response must fit the model's context
+    (`source` says where it is set); otherwise generators and learner fail minutes into the run."""
+    if max_new_tokens >= context:
+        raise ValueError(
+            f"generation.max_new_tokens={max_new_tokens} must be below the model's context, "
+            f"{source} (prompt + response); {advice}"
+        )
+
+
+def check_path_component(field: str, value: str) -> str:
+    """`value` names a directory under an output dir (`<output_dir>/<name>`): it must be one
+    path component that stays there and prints as what it is."""
+    if value in ("", ".", ".."):
+        problem = "is not a directory name"
+    elif "/" in value or "\\" in value:
+        problem = "holds a path separator"
+    elif any(unicodedata.category(char).startswith("C") for char in value):
+        problem = "holds a control character"
+    elif value != value.strip():
+        problem = "starts or ends with a space"
+    else:
+        return value
+    raise ValueError(
+        f"{field}={value!r} {problem}: it names a directory under output_dir, so it must be a "
+        "single path component (no `/` or `\\`, no control characters or surrounding spaces, "
+        "not empty, `.` or `..`)"
+    )
 
 
 SEED_RANGE = re.compile(r"range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)")
@@ -351,13 +417,16 @@ def _check_rollout_routing(arms: list[ArmConfig], backend: GeneratorBackend) -> 
 
 
 def format_validation_error(exc: ValidationError) -> str:
-    """One line per problem: `field.path: message (got value)`."""
+    """One line per problem: `field.path: message (got value)`; a single problem stays on the
+    first line, so the CLI's error is one line."""
     lines = []
     for error in exc.errors():
         where = ".".join(str(part) for part in error["loc"]) or "<config>"
         got = error.get("input")
         shown = "" if isinstance(got, dict) else f" (got {got!r})"
         lines.append(f"{where}: {error['msg']}{shown}")
+    if len(lines) == 1:
+        return f"invalid configuration: {lines[0]}"
     return "invalid configuration:\n  " + "\n  ".join(lines)
 
 
@@ -365,9 +434,16 @@ def load_config_data(path: Path | str, overrides: list[str] | None = None) -> di
     """Read YAML and apply overrides, without validating."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError as exc:
         raise ConfigError(f"config file {path} does not exist") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at "
+            f"offset {exc.start})"
+        ) from None
+    except OSError as exc:  # a directory, no permission
+        raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):

@@ -173,6 +173,12 @@ class RayChild:
     def start(self) -> None:
         """Start the component in its actor (a new actor if `stop` removed the old one)."""
         self.lost = None
+        # the supervisor's copy of the log, read when the actor cannot answer: this attempt's
+        # lines only, as the actor's own Child reads them (processes.Child.log_start)
+        try:
+            self._local.log_start = self._local.log_path.stat().st_size
+        except OSError:
+            self._local.log_start = 0
         if self._actor is None:
             self._actor = self._launcher.host(self.bundle, self._local)
         timeout = self._launcher.executor.start_timeout_s

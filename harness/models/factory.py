@@ -40,7 +40,7 @@ from transformers import (
 )
 
 from contract.record import write_json_atomic
-from harness.config import ConfigError, ModelConfig, TaskConfig
+from harness.config import ConfigError, ModelConfig, TaskConfig, check_response_fits
 from harness.file_lock import file_lock
 from harness.models.chat_warm_start import chat_warm_start
 from harness.models.mistral_vocab import build_mistral_tokenizer, save_mistral_tokenizer
@@ -279,6 +279,32 @@ def validate_model_dir(path: Path) -> Path:
             "next to the model (tokenizer.save_pretrained)"
         )
     return path
+
+
+def check_model_context(path: Path, max_new_tokens: int) -> None:
+    """generation.max_new_tokens must leave room for a prompt in the context that the model
+    directory's config.json declares (`max_position_embeddings`, top level or `text_config`;
+    a config without one is not checked)."""
+    config_file = path / "config.json"
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelPathError(f"model.path {path}: cannot read config.json ({exc})") from None
+    if not isinstance(config, dict):
+        raise ModelPathError(f"model.path {path}: config.json does not hold a JSON object")
+    text_config = config.get("text_config")
+    nested = text_config if isinstance(text_config, dict) else {}
+    context = config.get("max_position_embeddings", nested.get("max_position_embeddings"))
+    if isinstance(context, int) and not isinstance(context, bool):
+        try:
+            check_response_fits(
+                max_new_tokens,
+                context,
+                f"max_position_embeddings={context} in {config_file}",
+                "lower generation.max_new_tokens",
+            )
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def build_model_dir(model_cfg: ModelConfig, task_cfg: TaskConfig) -> Path:

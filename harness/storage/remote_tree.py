@@ -16,6 +16,18 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pyarrow.fs as pafs
 
+from harness.storage.output import is_uri, redact
+
+__all__ = [
+    "CHUNK_BYTES",
+    "RemoteFile",
+    "RemoteTree",
+    "StorageError",
+    "is_uri",
+    "join_uri",
+    "redact",
+]
+
 CHUNK_BYTES: Final = 8 << 20
 _LOCAL: Final = pafs.LocalFileSystem()
 
@@ -35,19 +47,6 @@ def join_uri(uri: str, *parts: str) -> str:
     split = urlsplit(uri)
     path = "/".join([split.path.rstrip("/"), *(p.strip("/") for p in parts if p)])
     return urlunsplit(split._replace(path=path))
-
-
-def is_uri(value: str) -> bool:
-    """`scheme://...` (not a Windows drive letter, not a plain path)."""
-    scheme = urlsplit(value).scheme
-    return len(scheme) > 1 and "://" in value
-
-
-def redact(uri: str) -> str:
-    """The URI without credentials or query: safe for logs and error messages."""
-    split = urlsplit(uri)
-    host = split.netloc.rpartition("@")[2]  # host[:port], without user:password
-    return urlunsplit((split.scheme, host, split.path, "", ""))
 
 
 class RemoteTree:

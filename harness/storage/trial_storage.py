@@ -178,6 +178,11 @@ class UploadBeforeAck:
         self._sync.push(LEARNER_FILES)
         self._inner.commit(deliveries)
 
+    def recommit(self, trained_group_ids: Any) -> int:
+        """A resume's commit of the loaded checkpoint's groups: that checkpoint first, too."""
+        self._sync.push(LEARNER_FILES)
+        return self._inner.recommit(trained_group_ids)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 

@@ -12,9 +12,11 @@ from harness.tasks.file_task import FileTask
 from harness.tasks.procedural import (
     ProceduralTask,
     arithmetic_sampler,
+    arithmetic_space,
     reverse_word,
     sort_word,
     string_sampler,
+    string_space,
 )
 from harness.tasks.rendering import RenderedTask, renderer_for
 
@@ -25,13 +27,26 @@ def _file_task(config: TaskConfig) -> Task:
     return FileTask.from_path(config.path, eval_size=config.eval_size)
 
 
+def _arithmetic(name: str, operator: str) -> Callable[[TaskConfig], Task]:
+    return lambda c: ProceduralTask(
+        name, arithmetic_sampler(operator, c.digits), arithmetic_space(operator, c.digits)
+    )
+
+
+def _string(name: str, prefix: str, solve: Callable[[str], str]) -> Callable[[TaskConfig], Task]:
+    return lambda c: ProceduralTask(
+        name, string_sampler(prefix, c.digits, solve), string_space(prefix, c.digits)
+    )
+
+
 # task.name -> builder. `digits` is the operand length for arithmetic (exactly that many digits)
-# and the string length for reverse/sort; it has no effect on `file`.
+# and the string length for reverse/sort; it has no effect on `file`. A procedural task gets its
+# problem space too, so an eval set larger than its held-out split fails at once.
 TASK_BUILDERS: dict[str, Callable[[TaskConfig], Task]] = {
-    "addition": lambda c: ProceduralTask("addition", arithmetic_sampler("+", c.digits)),
-    "multiplication": lambda c: ProceduralTask("multiplication", arithmetic_sampler("*", c.digits)),
-    "reverse": lambda c: ProceduralTask("reverse", string_sampler("rev", c.digits, reverse_word)),
-    "sort": lambda c: ProceduralTask("sort", string_sampler("sort", c.digits, sort_word)),
+    "addition": _arithmetic("addition", "+"),
+    "multiplication": _arithmetic("multiplication", "*"),
+    "reverse": _string("reverse", "rev", reverse_word),
+    "sort": _string("sort", "sort", sort_word),
     "file": _file_task,
 }
 

@@ -19,13 +19,17 @@ task from a TaskConfig.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import itertools
 import string
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from harness.overrides import ConfigError
 from harness.tasks.base import EVAL_STREAM, TRAIN_STREAM, Prompt
 
 # One problem in EVAL_MODULUS is held out (12.5%): 2-digit addition keeps ~1010 eval-eligible and
@@ -41,6 +45,27 @@ EVAL_MIN_ATTEMPTS = 10_000
 
 Problem = tuple[str, str]  # (prompt text, ground truth)
 ProblemSampler = Callable[[np.random.Generator], Problem]
+# Spaces up to this size are counted exactly (sha256 of every text, 0.1-0.6 s on a loaded core);
+# a larger one's held-out count is estimated as size / EVAL_MODULUS (12,500 or more, within a
+# few percent), and a request between the estimate and the truth still ends at the draw's cap.
+MAX_COUNTED_SPACE = 100_000
+
+
+@dataclass(frozen=True)
+class ProblemSpace:
+    """Every prompt text a sampler draws (each equally likely), to size the held-out split."""
+
+    digits: int
+    size: int
+    texts: Callable[[], Iterable[str]] = field(compare=False)
+
+
+@functools.cache
+def held_out_count(task_name: str, space: ProblemSpace) -> int:
+    """How many distinct problems of `space` the hash partition holds out."""
+    if space.size > MAX_COUNTED_SPACE:
+        return space.size // EVAL_MODULUS
+    return sum(is_held_out(task_name, text) for text in space.texts())
 
 
 def is_held_out(task_name: str, text: str) -> bool:
@@ -63,9 +88,12 @@ def _check_non_negative(**values: int) -> None:
 class ProceduralTask:
     """A task defined by a sampler of (prompt, ground truth) pairs and the hash partition."""
 
-    def __init__(self, name: str, sampler: ProblemSampler) -> None:
+    def __init__(
+        self, name: str, sampler: ProblemSampler, space: ProblemSpace | None = None
+    ) -> None:
         self.name = name
         self._sampler = sampler
+        self._space = space  # None: not enumerable, the draw's attempt cap is the only limit
         self._salt = _salt(name)
         self._eval_cache: list[Prompt] = []
 
@@ -84,8 +112,22 @@ class ProceduralTask:
     def eval_prompts(self, n: int) -> list[Prompt]:
         _check_non_negative(n=n)
         if n > len(self._eval_cache):
+            self._check_eval_size(n)
             self._eval_cache = self._draw_eval(n)
         return self._eval_cache[:n]
+
+    def _check_eval_size(self, n: int) -> None:
+        """An eval set larger than the held-out split fails at once, not after its draws (a
+        million attempts per million prompts asked)."""
+        if self._space is None:
+            return
+        held_out = held_out_count(self.name, self._space)
+        if n > held_out:
+            raise ConfigError(
+                f"task.eval_size={n} is more than the {held_out} held-out problems of task "
+                f"{self.name} (digits={self._space.digits}); lower task.eval_size or raise "
+                "task.digits"
+            )
 
     def _draw_eval(self, n: int) -> list[Prompt]:
         chosen: list[Prompt] = []
@@ -100,7 +142,7 @@ class ProceduralTask:
                 seen.add(text)
                 chosen.append(Prompt(index=len(chosen), text=text, ground_truth=truth))
         if len(chosen) < n:
-            raise ValueError(
+            raise ConfigError(
                 f"task {self.name}: only {len(chosen)} distinct held-out problems found, "
                 f"{n} asked; lower task.eval_size or raise task.digits"
             )
@@ -125,6 +167,27 @@ def arithmetic_sampler(operator: str, digits: int) -> ProblemSampler:
         return f"{a}{operator}{b}=", str(apply(a, b))
 
     return sample
+
+
+def arithmetic_space(operator: str, digits: int) -> ProblemSpace:
+    """The `a<operator>b=` texts of arithmetic_sampler: every pair of `digits`-digit operands."""
+    low, high = operand_range(digits)
+    operands = range(low, high + 1)
+
+    def texts() -> Iterable[str]:
+        return (f"{a}{operator}{b}=" for a, b in itertools.product(operands, repeat=2))
+
+    return ProblemSpace(digits, len(operands) ** 2, texts)
+
+
+def string_space(prefix: str, length: int) -> ProblemSpace:
+    """The `<prefix>:<letters>=` texts of string_sampler: every word of `length` letters."""
+
+    def texts() -> Iterable[str]:
+        words = itertools.product(string.ascii_lowercase, repeat=length)
+        return (f"{prefix}:{''.join(word)}=" for word in words)
+
+    return ProblemSpace(length, len(string.ascii_lowercase) ** length, texts)
 
 
 def string_sampler(prefix: str, length: int, solve: Callable[[str], str]) -> ProblemSampler:

@@ -44,6 +44,7 @@ from harness.storage.setup import setup_component_sync
 from harness.tasks.mixture import make_train_mixture
 
 IDLE_POLL_S = 0.5
+LOCATION_RESTORE_WAIT_S = 30.0
 # Fault injection for kill/restart tests: while the file this names exists and holds ticket t, the
 # generator that claims t deletes it and exits abruptly holding the leases of its claim (as a
 # SIGKILL would).
@@ -209,6 +210,24 @@ def _fault_crash_after_claim(claimed: list[int]) -> None:
     os._exit(FAULT_EXIT_CODE)
 
 
+def _restored_location(versions: VersionRegistry, version: int, batch_index: int) -> str:
+    """The location of `version` once a resume restored it from the weight store (the supervisor
+    does before generators start, a learner when it resumes); GeneratorFatalError after
+    LOCATION_RESTORE_WAIT_S: the weight store lost it too, and a restart cannot help."""
+    deadline = time.monotonic() + LOCATION_RESTORE_WAIT_S
+    while True:
+        try:
+            return versions.location(version)
+        except KeyError as exc:
+            if time.monotonic() >= deadline:
+                raise GeneratorFatalError(
+                    f"{exc.args[0]}, which batch {batch_index} needs: Redis lost part of the "
+                    "run's state (an AOF cut short by a crash or a full disk) and the weight "
+                    "store no longer holds that version; rerun the trial without --resume"
+                ) from None
+        time.sleep(IDLE_POLL_S)
+
+
 def run_generator_component(
     cfg: ExperimentConfig,
     spec: TrialSpec,
@@ -313,7 +332,10 @@ def _generate(
         batch_index = ticket_batch(claimed[0], per_step)
         want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
         if want != loaded:
-            location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)
+            try:
+                location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)
+            except KeyError:  # published, then its location lost (an AOF cut short)
+                location = _restored_location(versions, want, batch_index)
             if fetcher is not None:  # the announced path is on the learner's node
                 location = fetcher.fetch(want)
             stats.sync_s += maker.generator.load_weights(want, location)

@@ -8,9 +8,10 @@ Redis-backed buffer, version registry and weight store.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.models.factory import build_model_dir, weights_digest
+from harness.models.tokenizer import encode_prompt, load_tokenizer
 from harness.storage.remote_weights import RemoteWeightStore
 from harness.storage.setup import setup_component_sync
 from harness.storage.trial_storage import (
@@ -32,6 +34,8 @@ from harness.storage.trial_storage import (
     TrialSync,
     UploadBeforeAck,
 )
+from harness.tasks.mixture import make_train_mixture
+from harness.trial.disk_space import disk_full_as_one_line
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
@@ -80,6 +84,11 @@ class RedisFailureError(ConfigError):
     supervisor's failure reason quotes it."""
 
 
+class LearnerDiskFullError(ConfigError):
+    """A write of the learner failed for lack of space (`harness.trial.disk_space`): one line,
+    like a Redis failure, which the supervisor's failure reason quotes."""
+
+
 class ResumeFailedError(ConfigError):
     """A resume that would lose or invent data (no intact checkpoint, a missing or damaged step
     file: `learner.runtime.checkpoint.ResumeError`): one line, no traceback, like the others."""
@@ -111,14 +120,19 @@ def require_checkpoint_version(versions: VersionRegistry, paths: TrialPaths) -> 
     An empty registry means Redis lost the run's state (restarted with AOF off): generators would
     wait for a version that never comes, so fail now with RunStateLostError instead of after
     take_timeout_s. A registry that holds an earlier version lost only its last writes (a crash
-    under `appendfsync everysec` drops up to a second); the weights of vk are still in the
-    weight store, so republishing vk repairs it, and every earlier publish is still there.
+    under `appendfsync everysec` drops up to a second, a truncated AOF more); the weights of vk
+    are still in the weight store, so republishing vk repairs it, and the locations of earlier
+    versions the store still holds are restored.
     """
+    store = WeightStore(paths.weights)
+    # An AOF truncated by a crash loses the newest writes: locations of versions a generator may
+    # still need come back from the weight store (a version gone from both fails that generator
+    # in one line instead).
+    versions.restore_locations({v: store.path(v) for v in store.versions()})
     step = CheckpointStore(paths.checkpoints).latest_step()
     if step is None:
         return
     current = versions.current()
-    store = WeightStore(paths.weights)
     if current is not None and current[0] < step and step in store.versions():
         versions.publish(step, store.path(step))
         return
@@ -144,10 +158,29 @@ def name_initial_weights(versions: VersionRegistry, paths: TrialPaths, model_dir
     versions.record_initial_weights(digest, "the learner")
 
 
+def trial_prompt_ids(
+    cfg: ExperimentConfig, seed: int, model_dir: Path
+) -> Callable[[int], Sequence[int]]:
+    """Prompt index -> the prompt tokens a generator of this trial sends for it: prompt `index`
+    of the training stream (`task`, or the `train_tasks` mixture) for `seed`, rendered and
+    encoded with the model's tokenizer exactly as `generator_main.GroupMaker.request` does. The
+    mixture is built once; intake compares every group's prompt with it."""
+    tokenizer = load_tokenizer(model_dir)
+    mixture = make_train_mixture(cfg, tokenizer)
+
+    @functools.lru_cache(maxsize=4096)  # a step asks for each of its prompts a few times
+    def prompt_ids(index: int) -> tuple[int, ...]:
+        _, prompt = mixture.prompt(seed, index)
+        return tuple(encode_prompt(tokenizer, prompt.text))
+
+    return prompt_ids
+
+
 def learner_task(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
 ) -> LearnerTask:
     arm = cfg.arm(spec.arm)
+    model_dir = build_model_dir(cfg.model, cfg.task)
     return LearnerTask(
         arm=arm,
         learner=arm.training_settings(cfg.learner),  # the shared settings with the arm's own
@@ -156,10 +189,11 @@ def learner_task(
         seed=spec.seed,
         group_size=cfg.generation.group_size,
         max_new_tokens=cfg.generation.max_new_tokens,
-        model_dir=build_model_dir(cfg.model, cfg.task),
+        model_dir=model_dir,
         trial_dir=paths.root,
         steps=steps,
         sampling=cfg.generation.sampling(),  # the learner scores under the generators' sampling
+        prompt_ids=trial_prompt_ids(cfg, spec.seed, model_dir),  # intake checks prompt tokens
     )
 
 
@@ -176,7 +210,24 @@ def run_learner_component(
     """Run the learner to the end of the trial and record its outcome next to the metrics.
 
     Under `torchrun` every rank runs this; only rank 0 uses the Redis client and writes files.
+    A full disk (weights, checkpoint, metrics) ends it with one LearnerDiskFullError line.
     """
+    with disk_full_as_one_line(paths.root, error=LearnerDiskFullError, keep=(ConfigError,)):
+        return _run_learner_component(
+            cfg, spec, paths, redis_url=redis_url, run_id=run_id, steps=steps, resume=resume
+        )
+
+
+def _run_learner_component(
+    cfg: ExperimentConfig,
+    spec: TrialSpec,
+    paths: TrialPaths,
+    *,
+    redis_url: str,
+    run_id: str,
+    steps: int | None,
+    resume: bool,
+) -> LearnerOutcome:
     dist = init_distributed(cfg.learner.device)
     sync = setup_component_sync(paths.root) if dist.is_main else None
     if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first

@@ -7,9 +7,11 @@ re-run trial can be checked against what it was prepared with.
 
 from __future__ import annotations
 
+import json
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import yaml
@@ -17,7 +19,7 @@ import yaml
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record, write_trial_record
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
-from harness.config import ExperimentConfig
+from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig
 from harness.executors.base import TrialFailedError
 from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
 from harness.provenance import file_digest, provenance
@@ -53,10 +55,94 @@ def prompt_table(
     return pd.DataFrame(rows, columns=["split", "task", "index", "prompt", "ground_truth"])
 
 
+class ResumeConfigError(ConfigError):
+    """`--resume` with a config other than the one the trial ran with."""
+
+
+def check_resume_config(cfg: ExperimentConfig, paths: TrialPaths, trial_name: str) -> None:
+    """Refuse to resume a trial under a config whose hash differs from the one in its record,
+    naming the changed fields; reads the trial directory, never writes it.
+
+    Its checkpoints, Redis state (the run id holds the hash) and metrics belong to the config it
+    ran with: going on under another would mix two configs in one curve. Fields the hash leaves
+    out (`HASH_EXCLUDED`: seeds, executor, max_parallel) may change. Nothing to compare (no
+    record, or none with a hash) passes: the resume itself then decides from the checkpoints.
+    """
+    try:
+        previous = read_trial_record(paths.root)
+    except TrialRecordError:
+        return
+    new_hash = cfg.config_hash()
+    if previous is None or previous.config_hash in (None, new_hash):
+        return
+    changes = _changed_fields(_previous_fields(paths), cfg.hashed_fields())
+    if not changes:
+        changes = ["no field (a plugin's source, or the defaults of another harness version)"]
+    raise ResumeConfigError(
+        f"--resume: trial {trial_name} in {paths.root} ran with config hash "
+        f"{previous.config_hash}, this config's is {new_hash}; changed: {', '.join(changes)}; "
+        f"resume with the config it ran with ({paths.resolved_config}), or run this one in "
+        "another --out (the checkpoints there belong to the old config)"
+    )
+
+
+def _previous_fields(paths: TrialPaths) -> dict[str, Any] | None:
+    """The hashed fields of the resolved config the trial ran with; None if unreadable."""
+    try:
+        data = yaml.safe_load(paths.resolved_config.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return {
+        key: value
+        for key, value in data.items()
+        if key not in HASH_EXCLUDED and not (key == "plugins" and not value)
+    }
+
+
+def _changed_fields(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """`dotted.path old -> new` for every leaf that differs, sorted by path."""
+    if old is None:
+        return ["unknown (no readable resolved_config.yaml from the previous attempt)"]
+    flat_old, flat_new = _flatten(old), _flatten(new)
+    return [
+        f"{key} {_shown(flat_old.get(key, _UNSET))} -> {_shown(flat_new.get(key, _UNSET))}"
+        for key in sorted(flat_old.keys() | flat_new.keys())
+        if flat_old.get(key, _UNSET) != flat_new.get(key, _UNSET)
+    ]
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Leaves by dotted path; list items with unique names by name (`arms.gspo.lr`, as
+    overrides address them), other lists whole."""
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        names = [item.get("name") for item in value]
+        named = all(isinstance(n, str) for n in names) and len(set(names)) == len(names)
+        items = zip(names if named else map(str, range(len(value))), value, strict=True)
+    else:
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, item in items:
+        flat |= _flatten(item, f"{prefix}.{key}" if prefix else str(key))
+    return flat
+
+
+_UNSET = object()  # a field one config has and the other lacks
+
+
+def _shown(value: Any) -> str:
+    return "(unset)" if value is _UNSET else json.dumps(value)
+
+
 def prepare_trial(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int, resume: bool
 ) -> TrialRecord:
     """Write resolved config, prompt set and the trial record; returns the record."""
+    if resume:  # `harness trial` checked before taking the lock; a direct caller is checked here
+        check_resume_config(cfg, paths, spec.name)
     paths.root.mkdir(parents=True, exist_ok=True)
     previous = _previous_record(paths)
     if previous and previous.status in TERMINAL_STATUSES and not resume:

@@ -1,15 +1,17 @@
 """Child processes that never outlive their parent, and how often one may be restarted.
 
 Every component runs in its own process group (so a Ctrl-C in the terminal reaches only the
-supervisor, which then decides the order of teardown) and asks the kernel to SIGTERM it when the
-supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan. Its log is
-private to the user (0600 in a 0700 directory): logs quote prompts, responses and paths.
+supervisor, which then decides the order of teardown) and asks the kernel to SIGKILL it when the
+supervisor dies (PR_SET_PDEATHSIG), so even a SIGKILLed supervisor leaves no orphan: its
+components are gone within a second, its embedded Redis (SIGTERM: it fsyncs its AOF) too. Its
+log is private to the user (0600 in a 0700 directory): logs quote prompts, responses and paths.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import signal
 import subprocess
@@ -83,6 +85,28 @@ def die_with_parent() -> None:  # pragma: no cover - runs in the child between f
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+# Loaded here, in the parent: a forked child should not load libraries before it execs.
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def die_at_once_with_parent(parent_pid: int) -> None:  # pragma: no cover - in the child
+    """preexec_fn of a component: a new session, and SIGKILL the moment the supervisor
+    (`parent_pid`) dies, even by SIGKILL.
+
+    SIGKILL, not SIGTERM: a generator catches SIGTERM to finish its round and push it, which
+    with the supervisor gone (and its Redis with it) took 9-15 s of generation and reconnect
+    attempts; the learner dies of SIGTERM anyway. Nothing is lost: a killed component's work
+    is what every resume already redoes. PDEATHSIG follows the thread that forked the child,
+    and the supervisor starts (and restarts) components from its one thread. A supervisor
+    that died before the prctl would never send the signal, so the child checks and exits.
+    """
+    os.setsid()
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
 @dataclass
 class Child:
     """A supervised component process with its log file."""
@@ -92,9 +116,14 @@ class Child:
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    # Where this attempt's output begins in the log, which every attempt appends to: the failure
+    # reason (last_line, tail) must come from this attempt, not from an earlier one that logged
+    # an error when this one was killed before it wrote anything.
+    log_start: int = 0
 
     def start(self) -> None:
         log = open_private(self.log_path)
+        self.log_start = os.fstat(log.fileno()).st_size
         self.process = subprocess.Popen(
             self.args,
             stdout=log,
@@ -102,7 +131,7 @@ class Child:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             # The supervisor is single-threaded; prctl(PDEATHSIG) has no spawn-safe equivalent.
-            preexec_fn=die_with_parent,  # noqa: PLW1509
+            preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
         )
         log.close()
         # Operators (and the kill/resume tests) find a component by its pid file. It is replaced
@@ -138,10 +167,14 @@ class Child:
         return lines[-1] if lines else ""
 
     def tail(self, lines: int = 20) -> str:
+        """The last `lines` lines this attempt logged (the whole log if it was replaced by a
+        shorter one since, e.g. pulled from a bucket)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            data = self.log_path.read_bytes()
         except FileNotFoundError:
             return ""
+        ours = data[self.log_start :] if len(data) >= self.log_start else data
+        return "\n".join(ours.decode(errors="replace").splitlines()[-lines:])
 
 
 def _signal_group(pid: int, sig: int) -> None:

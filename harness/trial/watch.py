@@ -29,12 +29,17 @@ from harness.executors.base import Component, ComponentLauncher, TrialFailedErro
 from harness.executors.local import LocalLauncher
 from harness.signals import SignalLatch
 from harness.storage.trial_storage import SupervisorSync
+from harness.trial.disk_space import disk_full_line, low_on_space
 from harness.trial.processes import EXIT_NO_RESTART, RestartBudget, python_module_args
 from learner.runtime.metrics_log import MetricsLog
 
 # Restarts of one generator in a row without progress (a learner step or a pushed group).
 MAX_GENERATOR_RESTARTS = 3
 POLL_S = 0.2
+# A component's grace between SIGTERM and SIGKILL at teardown: a generator finishes its round
+# and pushes it, for the resume. With Redis dead there is nothing to push, so it gets a moment.
+COMPONENT_GRACE_S = 10.0
+REDIS_GONE_GRACE_S = 1.0
 
 
 @dataclass
@@ -44,6 +49,7 @@ class TrialOutcome:
     status: TrialStatus  # completed | diverged | failed
     steps_completed: int
     reason: str | None = None
+    redis_gone: bool = False  # the trial's Redis died: no component has anything left to save
 
 
 def component_args(
@@ -83,6 +89,9 @@ class Launch:
     resume: bool
     launcher: ComponentLauncher = field(default_factory=LocalLauncher)  # where components run
     sync: SupervisorSync = field(default_factory=SupervisorSync.none)  # output in a bucket
+    # How the embedded Redis ended, once it did on its own (EmbeddedRedis.exit_reason); an
+    # external Redis is not ours to watch: the components notice it is gone.
+    redis_exit: Callable[[], str | None] = field(default=lambda: None)
 
 
 def supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
@@ -106,14 +115,18 @@ def supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
         for i in range(cfg.generation.num_generators)
     ]
     children = [learner, *generators]
+    outcome: TrialOutcome | None = None
     try:
         for child in children:
             child.start()
-        return _watch(launch, learner, generators, interrupted)
+        outcome = _watch(launch, learner, generators, interrupted)
+        return outcome
     finally:
-        _stop_generators(redis_url, cfg, run_id)
+        redis_gone = outcome is not None and outcome.redis_gone
+        if not redis_gone:  # else nothing can read the flag, and a connect would only wait
+            _stop_generators(redis_url, cfg, run_id)
         for child in reversed(children):
-            child.stop()
+            child.stop(REDIS_GONE_GRACE_S if redis_gone else COMPONENT_GRACE_S)
 
 
 def _watch(
@@ -124,25 +137,32 @@ def _watch(
     while True:
         if interrupted.caught:
             reason = "interrupted; resume with --resume"
-            return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+            return TrialOutcome(TrialStatus.FAILED, steps_done(paths), reason)
         launch.sync.tick()
         code = learner.poll()
         if code is not None:
             storage_step("fetch the learner's outcome", launch.sync.learner_exited)
             return _learner_finished(code, learner, paths)
+        died = launch.redis_exit()
+        if died is not None:  # within a poll, not after every component's reconnect attempts
+            return TrialOutcome(
+                TrialStatus.FAILED, steps_done(paths), _redis_died(died, paths), True
+            )
         for index, gen in enumerate(generators):
             gen_code = gen.poll()
             if gen_code is None or gen_code == 0:
                 continue
             if gen_code == EXIT_NO_RESTART:
                 reason = f"{gen.name} failed: {gen.last_line().removeprefix('error: ')}"
-                return TrialOutcome(TrialStatus.FAILED, _steps_done(paths), reason)
+                return TrialOutcome(TrialStatus.FAILED, steps_done(paths), reason)
             if not budgets[gen.name].spend(_after_generator_crash(launch, generator_id(index))):
                 return TrialOutcome(
                     TrialStatus.FAILED,
-                    _steps_done(paths),
+                    steps_done(paths),
                     f"{gen.name} crashed {MAX_GENERATOR_RESTARTS + 1} times in a row with no "
-                    f"progress (no learner step, no group pushed); last log lines:\n{gen.tail()}",
+                    f"progress (no learner step, no group pushed), last with exit code "
+                    f"{gen_code}: {gen.last_line() or 'no output'} (its log: "
+                    f"{paths.component_log(gen.name)})",
                 )
             gen.start()
         time.sleep(POLL_S)
@@ -165,7 +185,7 @@ def _after_generator_crash(launch: Launch, gen_id: str) -> int:
             completed = tickets.completed()
     except (OSError, redis.RedisError) as exc:  # Redis down: the learner reports it; count steps
         print(f"warning: cannot reach Redis after {gen_id} crashed: {exc}", flush=True)
-    return _steps_done(launch.paths) + completed
+    return steps_done(launch.paths) + completed
 
 
 def _learner_finished(code: int, learner: Component, paths: TrialPaths) -> TrialOutcome:
@@ -176,19 +196,31 @@ def _learner_finished(code: int, learner: Component, paths: TrialPaths) -> Trial
         )
     line = learner.last_line()
     if line.startswith("error: "):  # a one-line error the learner explained (lost Redis, ...)
+        error = line.removeprefix("error: ")
+        gone = error.startswith("Redis at ") and " is gone (" in error
+        return TrialOutcome(TrialStatus.FAILED, steps_done(paths), f"learner failed: {error}", gone)
+    last = f"last log line: {line or '(none)'} ({paths.component_log('learner')})"
+    if low_on_space(paths.root):  # its error line may not even have reached its log
+        crash = f"the learner exited with code {code}; {last}"
         return TrialOutcome(
-            TrialStatus.FAILED,
-            _steps_done(paths),
-            f"learner failed: {line.removeprefix('error: ')}",
+            TrialStatus.FAILED, steps_done(paths), disk_full_line(paths.root, crash)
         )
-    return TrialOutcome(
-        TrialStatus.FAILED,
-        _steps_done(paths),
-        f"learner exited with code {code}; resume with --resume. Last log lines:\n{learner.tail()}",
+    reason = f"learner exited with code {code}; resume with --resume; {last}"
+    return TrialOutcome(TrialStatus.FAILED, steps_done(paths), reason)
+
+
+def _redis_died(how: str, paths: TrialPaths) -> str:
+    """The failure reason of a trial whose embedded Redis exited under it."""
+    if low_on_space(paths.redis_dir):  # it exits when it cannot write its AOF under `always`
+        return disk_full_line(paths.redis_dir, f"the trial's Redis stopped: {how}")
+    return (
+        f"the trial's Redis died: {how}; rerun the trial with --resume (the run's state survives "
+        "in its AOF with buffer.appendfsync everysec or always)"
     )
 
 
-def _steps_done(paths: TrialPaths) -> int:
+def steps_done(paths: TrialPaths) -> int:
+    """The last step the learner logged (0 before its first)."""
     steps = MetricsLog(paths.root).steps()
     return max(steps) if steps else 0
 

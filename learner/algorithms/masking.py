@@ -7,6 +7,7 @@ multiply so that a NaN or inf parked in a padded slot can never leak into a sum 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import get_args
 
 import torch
@@ -54,6 +55,33 @@ def masked_var(x: Tensor, mask: Tensor) -> Tensor:
 LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
 
 
+@dataclass(frozen=True)
+class LossTotals:
+    """What a loss divides by, counted over the whole minibatch its rows belong to.
+
+    A minibatch may be trained in parts: micro-batches (gradient accumulation,
+    `learner.micro_batch_tokens`) and data-parallel ranks. When every part divides its sums by
+    the minibatch's counts instead of its own, the parts' losses, hence their gradients, add up
+    to the whole minibatch's, for every aggregation: token-mean divides by `tokens`, the
+    seq-mean modes (and GSPO's and GMPO's means over sequences) by `sequences`, and Dr. GRPO's
+    max_len is a constant anyway. Counted as the aggregation counts (masked tokens stay in):
+    response tokens, and rows with at least one response token.
+    """
+
+    tokens: Tensor  # () int64: response tokens of the minibatch
+    sequences: Tensor  # () int64: its non-empty rows
+
+    @classmethod
+    def of(cls, mask: Tensor) -> LossTotals:
+        """The totals of a [B, T] response mask."""
+        return cls.of_lengths(mask.bool().sum(-1))
+
+    @classmethod
+    def of_lengths(cls, lengths: Tensor) -> LossTotals:
+        """The totals of [B] response lengths."""
+        return cls(lengths.sum(), (lengths > 0).sum())
+
+
 def check_aggregation(agg: str, max_len: int | None) -> None:
     """Validate an aggregation mode and Dr. GRPO's constant; the error says how to fix it."""
     if agg not in LOSS_AGGREGATIONS:
@@ -66,14 +94,19 @@ def check_aggregation(agg: str, max_len: int | None) -> None:
 
 
 def aggregate_padded(
-    per_token: Tensor, lengths: Tensor, agg: LossAggregation, max_len: int | None = None
+    per_token: Tensor,
+    lengths: Tensor,
+    agg: LossAggregation,
+    max_len: int | None = None,
+    totals: LossTotals | None = None,
 ) -> Tensor:
     """Reduce per-token terms [B, T] that are already exactly 0 off the mask to a scalar.
 
     `lengths` [B] are response lengths. Skipping a second masking pass is what keeps the
     objectives cheap; callers zero padding once, up front. seq-mean modes average over non-empty
     rows only, so an empty response changes nothing; no response tokens at all gives 0 (0 / 1)
-    with a grad graph.
+    with a grad graph. `totals` are the counts of the whole minibatch these rows are part of
+    (`LossTotals`); None: these rows are the whole minibatch.
 
     Masked tokens stay in the denominator. A filter on top of the response mask (a correction's
     rejection: `mis_*`, `icepop`, capped `decoupled`, by weight 0; Clip-Cov's detached tokens)
@@ -85,8 +118,9 @@ def aggregate_padded(
     and padding positions are outside `lengths` (`tests/learner/test_masked_normaliser.py`).
     """
     check_aggregation(agg, max_len)
+    totals = LossTotals.of_lengths(lengths) if totals is None else totals
     if agg == "token-mean":
-        return per_token.sum() / lengths.sum().clamp_min(1)
+        return per_token.sum() / totals.tokens.clamp_min(1)
     seq_sum = per_token.sum(-1)  # (B,)
     divisor = lengths.clamp_min(1) if agg == "seq-mean-token-mean" else max_len
-    return (seq_sum / divisor).sum() / (lengths > 0).sum().clamp_min(1)
+    return (seq_sum / divisor).sum() / totals.sequences.clamp_min(1)

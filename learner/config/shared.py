@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from learner.vocabulary import LRSchedule, OldLogprobs
 
@@ -64,6 +71,41 @@ class LearnerConfig(BaseModel):
         "default admits every shipped verifier (rewards 0 and 1) and any plausible reward "
         "function, and stops a reward such as 1e30 that would swamp the batch's advantages.",
     )
+    micro_batch_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Gradient accumulation: each minibatch is trained in micro-batches of at "
+        "most this many padded tokens (rows x the micro-batch's longest prompt + response; "
+        "rows sorted by length, so little is padding), one forward/backward each and one "
+        "optimizer step per minibatch. A sequence longer than the budget is a micro-batch of "
+        "its own, never split. Every loss divides by the whole minibatch's token and sequence "
+        "counts, so the gradient and the logged stats equal the unsplit minibatch's up to "
+        "float rounding (Clip-Cov's draw is seeded by the log-probs' bits, so it may draw "
+        "other tokens when a micro-batch rounds one differently). Unset (default): each "
+        "minibatch in one forward/backward. It bounds the activation memory of an update: set "
+        "it to what one forward/backward fits.",
+    )
+    logprob_chunk_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description="Log-probabilities in chunks of this many token positions: the output "
+        "embedding is applied to the base model's hidden states chunk by chunk (checkpointed, "
+        "so backward recomputes one chunk at a time), so float32 [tokens, vocabulary] logits "
+        "never exist for more than one chunk. Same values and gradients as unchunked up to "
+        "float rounding, at the cost of a second head projection in backward. Unset "
+        "(default): the model's full logits. Worth it for large vocabularies: at Qwen2.5's "
+        "151,936 entries a chunk of 1024 positions holds 0.62 GB of float32 logits.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _dump_set_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Options left unset are left out of the dump, so they change no existing config's
+        hash (as an arm's unset overrides, `learner.config.arm_training`)."""
+        data = handler(self)
+        for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
+            if data.get(name, 0) is None:
+                del data[name]
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:

@@ -25,8 +25,9 @@ Resuming: `latest.json` is a hint, not the record. `load` scans the `step-*` dir
 first, skips each one whose manifest is missing or invalid or whose files are missing or differ
 from their digests (saying why, one line each), and loads the newest intact one (saying which).
 The steps after it are retrained from the groups Redis still holds pending: a fallback past a
-checkpoint whose groups were already committed cannot get them back, and its learner waits for
-them until `take_timeout_s` (the buffer's timeout error then names the batch). With none intact
+checkpoint whose groups were already committed cannot get them back, so the resume fails at once
+in one line (`loop.settle_resumed_commits` compares Redis's trained ids with the checkpoint's)
+instead of waiting for them until `take_timeout_s`. With none intact
 it raises `ResumeError` (one line) rather than start over: a fresh start would delete the
 trial's rows, and Redis no longer holds the groups the checkpoints committed.
 `verify_records` then checks the step files the loaded checkpoint vouches for. A missing or

@@ -15,6 +15,7 @@ rank trains its share of it and loads the checkpoint on resume.
 
 from __future__ import annotations
 
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ from contract.layout import TrialPaths
 from contract.trial import StalenessMode, TrialStatus
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, LearnerConfig
-from learner.runtime.checkpoint import CheckpointStore, TrainingState
+from learner.runtime.checkpoint import CheckpointStore, ResumeError, TrainingState
 from learner.runtime.distributed import SINGLE, DistContext, broadcast_batch
 from learner.runtime.evals_log import EvalsLog
 from learner.runtime.intake import (
@@ -174,6 +175,7 @@ def run_learner(
         state = checkpoints.load(modules, say=partial(print, flush=True) if dist.is_main else None)
         if dist.is_main:
             checkpoints.verify_records(state.step, task.trial_dir)
+            settle_resumed_commits(buffer, state, f"checkpoint step-{state.step:06d}")
             metrics_log.truncate_after(state.step)
             evals_log.truncate_after(state.step)
             ledger.truncate_after(state.step)
@@ -182,6 +184,8 @@ def run_learner(
         # before its first checkpoint may already have published v0 and later versions; it
         # redoes those steps like any resume (publish_unless_done), its uncommitted groups are
         # still pending.
+        if resume:
+            settle_resumed_commits(buffer, state, "the initial weights (no checkpoint)")
         metrics_log.truncate_after(-1)
         evals_log.truncate_after(-1)
         ledger.truncate_after(-1)
@@ -341,6 +345,33 @@ def publish_unless_done(versions: VersionPublisher, version: int, location: str)
     current = versions.current()
     if current is None or current[0] < version:
         versions.publish(version, location)
+
+
+def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: str) -> None:
+    """Square the run's Redis with what the loaded checkpoint says was trained, before a resume
+    deletes anything (`start` names where the learner resumes from).
+
+    Groups Redis committed as trained that the checkpoint lacks were trained after it (a resume
+    that fell back past a damaged or deleted newer checkpoint): a commit deletes them from the
+    stream, so the steps after the checkpoint can never be retrained; ResumeError (one line)
+    now, instead of a wait for them until take_timeout_s. Groups the checkpoint has that Redis
+    still holds were trained and not yet committed (a learner killed between its checkpoint and
+    the commit): they are committed now, not read back and dropped as too stale."""
+    beyond = buffer.committed_beyond(set(state.trained_group_ids))
+    if beyond:
+        batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
+        span = f"; batches {batches[0]}-{batches[-1]}" if batches else ""
+        shown = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
+        raise ResumeError(
+            f"resuming from {start}, but the run's Redis committed {len(beyond)} group(s) as "
+            f"trained after it ({shown}{span}): a commit deletes a group from the buffer, so "
+            f"the steps after step {state.step} cannot be retrained; restore the newer "
+            "checkpoint (and its step files), or rerun the trial without --resume"
+        )
+    buffer.recommit(state.trained_group_ids)
+
+
+_BATCH_OF_ID = re.compile(r"-b(\d+)-p\d+$")
 
 
 def _provenance(delivery: Delivery, timing: GroupTiming) -> dict[str, object]:

@@ -68,9 +68,10 @@ class Routing:
     def num_experts(self) -> int:
         return self.logits.shape[-1]
 
-    def rows(self, rows: Tensor) -> Routing:
-        """The routing of a subset of batch rows (a minibatch)."""
-        return Routing(self.logits[:, rows], self.indices[:, rows])
+    def rows(self, rows: Tensor, width: int | None = None) -> Routing:
+        """The routing of a subset of batch rows (a minibatch), cut to their first `width`
+        positions (a micro-batch trimmed to its longest row; None: all)."""
+        return Routing(self.logits[:, rows, :width], self.indices[:, rows, :width])
 
 
 def router_modules(model: nn.Module) -> list[nn.Module]:
@@ -267,8 +268,9 @@ class StepRouting:
 
     1. `capture_old()` wraps the start-of-step forward (pi_old under `old_logprobs: recompute`)
        and keeps the learner's own routing of it (`old`);
-    2. `replay(rows)` wraps a minibatch forward: `routing_replay: old` replays `old`'s experts of
-       those rows, `rollout` the generator's (`rollout`, from `RolloutBatch.routed_experts`);
+    2. `replay(rows, width)` wraps a minibatch (or micro-batch, cut to `width` positions)
+       forward: `routing_replay: old` replays `old`'s experts of those rows, `rollout` the
+       generator's (`rollout`, from `RolloutBatch.routed_experts`);
     3. `metrics(mask)` runs one extra no-grad forward of the updated policy and returns `moe/*`
        over the positions that score response tokens (`predicting_positions`).
 
@@ -335,15 +337,15 @@ class StepRouting:
             policy_logprobs(self.policy, self.input_ids, self.attention_mask)
         return recorder.routing(self.batch, self.length)
 
-    def replay(self, rows: Tensor) -> AbstractContextManager[None]:
+    def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
         if self.mode == "off" or not self.active:
             return contextlib.nullcontext()
         if self.mode == "rollout":
             assert self.rollout is not None  # checked in __init__
-            return replay_experts(self.policy, self.rollout[:, rows])
+            return replay_experts(self.policy, self.rollout[:, rows, :width])
         if self.old is None:
             raise RuntimeError("StepRouting.replay before capture_old: pi_old's routing is unset")
-        return replay_routing(self.policy, self.old.rows(rows))
+        return replay_routing(self.policy, self.old.rows(rows, width))
 
     @torch.no_grad()
     def metrics(self, mask: Tensor) -> dict[str, float]:

@@ -1,7 +1,11 @@
 """One learner step on one batch: advantages, then `ppo_epochs` x `minibatches` updates.
 
 The step reads top to bottom like the paper's algorithm box: pick pi_old, compute advantages,
-loop over epochs and minibatches computing the arm's objective, clip gradients, update.
+loop over epochs and minibatches computing the arm's objective, clip gradients, update. A
+minibatch may be trained in micro-batches (`learner.micro_batch_tokens`,
+`learner.runtime.update`): their gradients accumulate and the optimizer steps once per
+minibatch; every loss divides by the whole minibatch's totals (`LossTotals`), so the gradient
+is the unsplit minibatch's.
 Everything that differs between arms is declared by the arm's config model
 (`learner.config.arms`): the objective, its options, its advantage estimator, its critic and its
 loss units; the loss itself is `learner.algorithms.objectives.POLICY_LOSSES[arm.objective]`.
@@ -10,7 +14,7 @@ loss units; the loss itself is `learner.algorithms.objectives.POLICY_LOSSES[arm.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import Tensor, nn
@@ -26,32 +30,47 @@ from learner.algorithms.advantages import (
 from learner.algorithms.corrections import correction_weights
 from learner.algorithms.kl import kl_from_log_ratio
 from learner.algorithms.masking import masked_mean
-from learner.algorithms.objectives import POLICY_LOSSES, value_loss
+from learner.algorithms.objectives import (
+    POLICY_LOSSES,
+    LossTotals,
+    ObjectiveOptions,
+    PolicyLoss,
+    Stats,
+    value_loss,
+)
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, GroupArm, LearnerConfig
 from learner.runtime.distributed import (
     SINGLE,
     DistContext,
     all_reduce_stats,
-    all_reduce_sum,
     unwrap,
 )
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.moe import StepRouting
+from learner.runtime.update import (
+    DivergenceError,
+    MicroBatch,
+    Optimised,
+    accumulate,
+    micro_batches,
+    take,
+)
 from learner.vocabulary import LossUnits
 
-
-class DivergenceError(RuntimeError):
-    """A non-finite loss or gradient: the trial stops and is recorded as diverged."""
-
-
-@dataclass
-class Optimised:
-    """A module with its optimiser and LR scheduler."""
-
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+__all__ = [  # DivergenceError and Optimised live in learner.runtime.update, re-exported here
+    "DivergenceError",
+    "MinibatchUpdates",
+    "Optimised",
+    "RowTensors",
+    "StepModels",
+    "StepResult",
+    "behavior_gaps",
+    "check_group_split",
+    "compute_advantages",
+    "loss_units",
+    "train_on_batch",
+]
 
 
 @dataclass
@@ -96,16 +115,8 @@ def compute_advantages(
 
 def loss_units(arm: ArmBase) -> LossUnits:
     """What the arm's policy loss averages over (`ArmBase.loss_units`): `tokens` (token-mean:
-    DAPO, PPO) or `sequences` (non-empty rows: GSPO, GSPO-token, GRPO seq-mean-*). Data-parallel
-    ranks rescale by it."""
+    DAPO, PPO) or `sequences` (non-empty rows: GSPO, GSPO-token, GRPO seq-mean-*)."""
     return arm.loss_units
-
-
-def _count_units(mask: Tensor, units: LossUnits) -> Tensor:
-    """Response tokens, or non-empty rows, of a [B, T] response mask."""
-    if units == "tokens":
-        return mask.bool().sum()
-    return (mask.bool().sum(-1) > 0).sum()
 
 
 def check_group_split(n_groups: int, minibatches: int, world_size: int) -> None:
@@ -123,54 +134,12 @@ def check_group_split(n_groups: int, minibatches: int, world_size: int) -> None:
         )
 
 
-def _rank_rows(rows: Tensor, dist: DistContext) -> Tensor:
-    """This rank's share of a minibatch's rows: rows are whole groups, contiguous, so equal
-    chunks are whole groups (check_group_split)."""
-    return rows.reshape(dist.world_size, -1)[dist.rank]  # (B_mb / W,)
-
-
-def _global_share(loss: Tensor, local_units: Tensor, dist: DistContext, what: str) -> Tensor:
-    """The rank's loss scaled by world_size * local_units / global_units.
-
-    Each rank's objective averages over its own units (tokens or sequences); DDP averages the
-    ranks' gradients. With the factor, that average is the gradient of the loss over the whole
-    minibatch: mean_r W u_r / U * grad(S_r / u_r) = grad(sum_r S_r) / U. The same all_reduce
-    carries a non-finite flag, so every rank raises the divergence together (none is left
-    waiting in backward). Single-process: only the finite check, no factor.
-    """
-    if dist.world_size == 1:
-        _check_finite(what, loss)
-        return loss
-    not_finite = (~torch.isfinite(loss.detach())).double().cpu()
-    local = torch.stack([local_units.double().cpu(), not_finite])
-    total_units, n_bad = all_reduce_sum(local, dist).tolist()
-    if n_bad > 0:
-        raise DivergenceError(f"non-finite {what} on {int(n_bad)} of {dist.world_size} ranks")
-    return loss * (dist.world_size * float(local[0]) / max(total_units, 1.0))
-
-
 def _group_slices(n_groups: int, group_size: int, minibatches: int) -> list[Tensor]:
     """Row indices of each minibatch: whole groups, contiguous, as even as possible."""
     groups = torch.arange(n_groups).tensor_split(minibatches)
     return [
         (g[:, None] * group_size + torch.arange(group_size)[None, :]).reshape(-1) for g in groups
     ]
-
-
-def _check_finite(name: str, value: Tensor | float) -> None:
-    number = float(value.detach()) if isinstance(value, Tensor) else float(value)
-    if not math.isfinite(number):
-        raise DivergenceError(f"non-finite {name} ({number})")
-
-
-def _update(opt: Optimised, loss: Tensor, max_norm: float, what: str) -> float:
-    opt.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(opt.module.parameters(), max_norm)
-    _check_finite(f"{what} gradient norm", grad_norm)
-    opt.optimizer.step()
-    opt.scheduler.step()
-    return float(grad_norm)
 
 
 def _merge(acc: dict[str, list[float]], stats: dict[str, float], prefix: str) -> None:
@@ -205,6 +174,148 @@ def behavior_gaps(learner_lp: Tensor, batch: RolloutBatch, version: int) -> dict
     return gaps
 
 
+@dataclass(frozen=True)
+class RowTensors:
+    """The step's per-row tensors the updates read, [B] or [B, L]; None where absent."""
+
+    ids: Tensor
+    attn: Tensor
+    mask: Tensor
+    old_lp: Tensor
+    advantages: Tensor
+    is_weights: Tensor | None
+    ref_lp: Tensor | None
+    old_values: Tensor | None
+    returns: Tensor | None
+
+    def of(self, part: MicroBatch) -> RowTensors:
+        """The micro-batch's rows, cut to its width."""
+        cut = {f.name: getattr(self, f.name) for f in fields(self)}
+        return RowTensors(**{k: None if v is None else take(v, part) for k, v in cut.items()})
+
+    def share(self, rows: Tensor) -> RowTensors:
+        """A rank's whole share of a minibatch, at the batch's width."""
+        return self.of(MicroBatch(rows, torch.arange(rows.numel()), None))
+
+
+def _assemble(outputs: list[Tensor], parts: list[MicroBatch], like: Tensor) -> Tensor:
+    """The micro-batches' per-token outputs [b, width] put back in their share's rows [n, L]."""
+    whole = torch.zeros(like.shape, dtype=torch.float32, device=like.device)  # (n, L)
+    for output, part in zip(outputs, parts, strict=True):
+        whole[part.local, : output.shape[1]] = output.float()
+    return whole
+
+
+@dataclass(frozen=True)
+class MinibatchUpdates:
+    """The policy and critic updates of one step's minibatches, each in micro-batches.
+
+    Stats: with one micro-batch on one process, the loss call's own; otherwise one more call
+    (no gradient) on the share's whole outputs, so they equal the unsplit share's exactly as
+    the loss computes them (a micro-batch's stats describe its rows only).
+    """
+
+    models: StepModels
+    rows: RowTensors
+    objective: PolicyLoss
+    options: ObjectiveOptions
+    learner: LearnerConfig
+    sampling: SamplingSettings
+    routing: StepRouting
+    dist: DistContext
+
+    def _logprobs(self, module: nn.Module, part: MicroBatch) -> Tensor:
+        ids, attn = take(self.rows.ids, part), take(self.rows.attn, part)
+        with self.routing.replay(part.rows, part.width):  # MoE routing replay (old | rollout)
+            chunk = self.learner.logprob_chunk_tokens
+            return policy_logprobs(module, ids, attn, self.sampling, chunk)[0]  # (b, width)
+
+    def _split(self, parts: list[MicroBatch]) -> bool:
+        return len(parts) > 1 or self.dist.world_size > 1
+
+    def policy(
+        self, share: Tensor, parts: list[MicroBatch], totals: LossTotals
+    ) -> tuple[float, Stats]:
+        """One policy update on this rank's `share` of a minibatch: (grad norm, stats)."""
+        whole = self.rows.share(share) if self._split(parts) else None
+        selected = None if whole is None or len(parts) == 1 else self._selection(whole, parts)
+
+        def part_loss(part: MicroBatch) -> tuple[Tensor, Stats, Tensor]:
+            t = self.rows.of(part)
+            logprobs = self._logprobs(self.models.policy.module, part)
+            picked = None if selected is None else selected[part.local, : part.width]
+            loss, stats = self.objective(
+                logprobs,
+                t.old_lp,
+                t.advantages,
+                t.mask,
+                self.options,
+                is_weights=t.is_weights,
+                ref_logprobs=t.ref_lp,
+                totals=totals,
+                selected=picked,
+            )
+            return loss, stats, logprobs.detach()
+
+        grad_clip = self.learner.grad_clip
+        grad_norm, stats, outputs = accumulate(
+            self.models.policy, parts, part_loss, max_norm=grad_clip, dist=self.dist, what="policy"
+        )
+        if whole is not None:
+            with torch.no_grad():
+                logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
+                _, stats = self.objective(
+                    logprobs,
+                    whole.old_lp,
+                    whole.advantages,
+                    whole.mask,
+                    self.options,
+                    is_weights=whole.is_weights,
+                    ref_logprobs=whole.ref_lp,
+                    selected=selected,  # the tokens the parts trained on (Clip-Cov, KL-Cov)
+                )
+        return grad_norm, stats
+
+    def _selection(self, whole: RowTensors, parts: list[MicroBatch]) -> Tensor | None:
+        """The loss's token selection over the whole share (Clip-Cov, KL-Cov; None for the
+        others), from one no-grad forward per micro-batch at the weights of the update."""
+        if self.objective.select is None:
+            return None
+        with torch.no_grad():
+            policy = unwrap(self.models.policy.module)
+            outputs = [self._logprobs(policy, part) for part in parts]
+        logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
+        return self.objective.selection(
+            logprobs, whole.old_lp, whole.advantages, whole.mask, self.options
+        )
+
+    def value(self, share: Tensor, parts: list[MicroBatch], totals: LossTotals) -> Stats:
+        """One critic update on this rank's `share` of a minibatch: its stats."""
+        critic, clip = self.models.value, self.learner.value_clip
+        assert critic is not None
+
+        def part_loss(part: MicroBatch) -> tuple[Tensor, Stats, Tensor]:
+            t = self.rows.of(part)
+            values = critic.module(t.ids, t.attn)  # (b, width)
+            loss, stats = value_loss(
+                values, t.old_values, t.returns, t.mask, clip=clip, totals=totals
+            )
+            return loss, stats, values.detach()
+
+        _, stats, outputs = accumulate(
+            critic, parts, part_loss, max_norm=self.learner.grad_clip, dist=self.dist, what="value"
+        )
+        if self._split(parts):
+            whole = self.rows.share(share)
+            assert whole.old_values is not None and whole.returns is not None
+            with torch.no_grad():
+                values = _assemble(outputs, parts, whole.mask)  # (n, L)
+                _, stats = value_loss(
+                    values, whole.old_values, whole.returns, whole.mask, clip=clip
+                )
+        return stats
+
+
 _OFFPOLICY_KEYS = {
     "weight_mean": M.OFFPOLICY_WEIGHT_MEAN,
     "ess_frac": M.OFFPOLICY_ESS_FRAC,
@@ -237,22 +348,24 @@ def train_on_batch(
 
     Data-parallel (`dist.world_size > 1`, modules wrapped by `learner.runtime.models.wrap_ddp`):
     every rank holds the whole batch, computes pi_old and advantages on all of it, and trains its
-    share of whole groups of each minibatch; metrics are averaged over ranks.
+    share of whole groups of each minibatch; metrics are averaged over ranks. Each rank's share
+    may be trained in micro-batches (`learner.micro_batch_tokens`); every loss divides by the
+    whole minibatch's totals, so ranks and micro-batches add up to the minibatch's gradient.
+    Log-probs are computed in chunks of `learner.logprob_chunk_tokens` positions when set.
     """
-    ddp_policy = models.policy.module
-    policy = unwrap(ddp_policy)  # no-grad passes and MoE hooks skip the DDP wrapper
-    value = models.value.module if models.value else None
+    policy = unwrap(models.policy.module)  # no-grad passes and MoE hooks skip the DDP wrapper
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
+    chunk = learner.logprob_chunk_tokens
     acc: dict[str, list[float]] = {}
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
     routing = StepRouting(policy, arm.routing_replay, ids, attn, batch.routed_experts)
-    critic = unwrap(value) if value else None
+    critic = unwrap(models.value.module) if models.value else None
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
         with routing.capture_old():
-            learner_lp, entropy = policy_logprobs(policy, ids, attn, sampling)  # (B, T) each
+            learner_lp, entropy = policy_logprobs(policy, ids, attn, sampling, chunk)  # (B, T)
         ref_lp = None
         if models.reference is not None:
-            ref_lp = policy_logprobs(models.reference, ids, attn, sampling)[0]
+            ref_lp = policy_logprobs(models.reference, ids, attn, sampling, chunk)[0]
         old_values = critic(ids, attn) if critic is not None else None
     # The arm's off-policy correction (learner.algorithms.corrections): pi_old and the weights.
     correction = arm.correction_for(learner)
@@ -261,40 +374,28 @@ def train_on_batch(
     )
     old_lp = learner_lp if correction.uses_proximal else batch.behavior_logprobs
     advantages, returns = compute_advantages(arm, batch, group_size, learner, old_values)
-    objective = POLICY_LOSSES[arm.objective]
-    options = arm.objective_options(max_len)  # built once per step
+    tensors = RowTensors(
+        ids, attn, mask, old_lp, advantages, is_weights, ref_lp, old_values, returns
+    )
+    objective, options = POLICY_LOSSES[arm.objective], arm.objective_options(max_len)
+    updates = MinibatchUpdates(
+        models, tensors, objective, options, learner, sampling, routing, dist
+    )
     result = StepResult()
     n_groups = batch.rewards.shape[0] // group_size
-    units = loss_units(arm)
     if dist.world_size > 1:
         check_group_split(n_groups, learner.minibatches, dist.world_size)
+    lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
     for _epoch in range(learner.ppo_epochs):
         for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
-            rows = _rank_rows(minibatch, dist) if dist.world_size > 1 else minibatch
-            with routing.replay(rows):  # MoE routing replay (routing_replay: old | rollout)
-                logprobs, _ = policy_logprobs(ddp_policy, ids[rows], attn[rows], sampling)
-            loss, stats = objective(
-                logprobs,
-                old_lp[rows],
-                advantages[rows],
-                mask[rows],
-                options,
-                is_weights=None if is_weights is None else is_weights[rows],
-                ref_logprobs=None if ref_lp is None else ref_lp[rows],
-            )
-            loss = _global_share(loss, _count_units(mask[rows], units), dist, "policy loss")
-            result.grad_norms.append(_update(models.policy, loss, learner.grad_clip, "policy"))
+            shares = minibatch.reshape(dist.world_size, -1)  # (W, b): each rank's whole groups
+            parts = micro_batches(shares, dist.rank, lengths, learner.micro_batch_tokens)
+            totals = LossTotals.of(mask[minibatch])  # the whole minibatch: every rank's rows
+            grad_norm, stats = updates.policy(shares[dist.rank], parts, totals)
+            result.grad_norms.append(grad_norm)
             _merge(acc, stats, "policy/")
             if models.value is not None:
-                assert value is not None and old_values is not None and returns is not None
-                values = value(ids[rows], attn[rows])
-                v_loss, v_stats = value_loss(
-                    values, old_values[rows], returns[rows], mask[rows], clip=learner.value_clip
-                )
-                v_units = _count_units(mask[rows], "tokens")  # value_loss is a token mean
-                v_loss = _global_share(v_loss, v_units, dist, "value loss")
-                _update(models.value, v_loss, learner.grad_clip, "value")
-                _merge(acc, v_stats, "value/")
+                _merge(acc, updates.value(shares[dist.rank], parts, totals), "value/")
     metrics = all_reduce_stats(_reduce(acc), dist)  # the rest is the same on every rank
     with torch.no_grad():
         metrics[M.POLICY_ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp_min(1))

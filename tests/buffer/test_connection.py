@@ -9,8 +9,16 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
-from buffer.connection import BufferConnectionError, RunKeys, connect, redact
+from buffer.connection import (
+    BufferConnectionError,
+    RedisWritesRefusedError,
+    RunKeys,
+    connect,
+    redact,
+    redis_failures_in_one_line,
+)
 from tests.conftest import RedisInstance
 
 
@@ -112,3 +120,23 @@ def test_rediss_with_a_private_ca(tmp_path: Path) -> None:
     finally:
         server.terminate()
         server.wait(timeout=10)
+
+
+def test_a_redis_that_cannot_write_its_aof_is_one_line(redis_server: RedisInstance) -> None:
+    """Redis refuses writes (MISCONF) when its disk is full; components used to crash on the
+    ResponseError with a traceback (a generator in a restart loop)."""
+    refusal = "MISCONF Errors writing to the AOF file: No space left on device"
+    with (
+        pytest.raises(RedisWritesRefusedError) as raised,
+        redis_failures_in_one_line(redis_server.url),
+    ):
+        raise redis.ResponseError(refusal)
+    message = str(raised.value)
+    assert isinstance(raised.value, BufferConnectionError) and "\n" not in message
+    assert f"({refusal})" in message and "rerun the trial with --resume" in message
+    assert redis_server.password not in message
+    with (
+        pytest.raises(redis.ResponseError, match="WRONGTYPE"),
+        redis_failures_in_one_line(redis_server.url),
+    ):
+        raise redis.ResponseError("WRONGTYPE Operation against a key holding the wrong kind")

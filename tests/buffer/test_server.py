@@ -16,7 +16,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from buffer.connection import connect
-from buffer.server import EmbeddedRedis
+from buffer.server import EmbeddedRedis, RedisStartError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,3 +126,37 @@ def test_bad_appendfsync_is_refused(tmp_path: Path) -> None:
 def test_url_before_start_explains(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="not been started"):
         _ = EmbeddedRedis(tmp_path).url
+
+
+def _incr_aof(data_dir: Path) -> Path:
+    [aof] = (data_dir / "appendonlydir").glob("*.incr.aof")
+    return aof
+
+
+def test_an_aof_it_cannot_load_fails_the_start_in_one_line(tmp_path: Path) -> None:
+    """It used to retry three ports, then raise 'did not answer' with the log's last 20 lines."""
+    with EmbeddedRedis(tmp_path, appendfsync="always") as server:
+        connect(server.url).set("k", "v")
+    with _incr_aof(tmp_path).open("ab") as aof:
+        aof.write(b"garbage\x00\xff not a command\r\n")
+    started = time.monotonic()
+    with pytest.raises(RedisStartError) as raised:
+        EmbeddedRedis(tmp_path).start()
+    assert time.monotonic() - started < 5  # no wait for an answer from a server that exited
+    message = str(raised.value)
+    assert "\n" not in message
+    assert "Bad file format reading the append only file" in message
+    assert f"redis-check-aof --fix {tmp_path / 'appendonlydir'}" in message
+    assert "rerun the trial without --resume" in message
+
+
+def test_a_server_that_dies_says_how(tmp_path: Path) -> None:
+    with EmbeddedRedis(tmp_path, appendfsync="always") as server:
+        assert server.exit_reason() is None
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        assert (
+            server.exit_reason()
+            == f"redis-server (pid {server.process.pid}) was killed by signal 9"
+        )
+    assert server.exit_reason() is None  # stopped by us: nothing to report

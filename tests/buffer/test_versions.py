@@ -69,3 +69,15 @@ def test_wait_times_out_cleanly(client: redis.Redis) -> None:
         versions.wait_for_version(3, timeout_s=0.3)
     assert 0.3 <= time.monotonic() - start < 2.0
     assert client.pubsub_numsub(RunKeys(RUN_ID).version_channel)[0][1] == 0  # unsubscribed
+
+
+def test_lost_locations_are_restored_without_moving_the_version(client: redis.Redis) -> None:
+    """An AOF cut short loses the newest writes: here v1's location, v2 republished since."""
+    registry = VersionRegistry(client, RUN_ID)
+    registry.publish(0, "/w/v0")
+    registry.publish(2, "/w/v2")
+    restored = registry.restore_locations({0: "/elsewhere/v0", 1: "/w/v1", 2: "/w/v2", 3: "/w/v3"})
+    assert restored == [1, 3]  # present ones are kept as they are
+    assert registry.location(0) == "/w/v0" and registry.location(1) == "/w/v1"
+    assert registry.current() == (2, "/w/v2")  # no version moved or announced
+    assert registry.wait_for_version(1, timeout_s=1) == "/w/v1"

@@ -51,7 +51,7 @@ def test_without_evals_the_suite_is_the_old_greedy_eval(built) -> None:
     suite = make_eval_suite(cfg, model_dir, trial_seed=0)
     report = suite(model, 10)
     (score,) = report.scores
-    assert (score.eval_set, score.n_prompts, score.samples) == ("heldout", 64, 0)
+    assert (score.eval_set, score.n_prompts, score.samples) == ("heldout", cfg.task.eval_size, 0)
     assert math.isnan(score.pass1_sampled) and dict(score.pass_at_k) == {}
     # What make_evaluator computed before eval suites existed:
     tokenizer = load_tokenizer(model_dir)

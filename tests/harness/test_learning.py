@@ -1,12 +1,14 @@
-"""RL actually improves the policy: eval pass rate rises above its start for GSPO and GRPO.
+"""RL moves the built-in regime, and the report detects the quickstart's positive control.
 
-Runs the quickstart's settings (16 prompts x 8 samples per step, two minibatch updates, lr 1e-4,
-50 steps) with the torch generator in fixed mode, for both arms and three seeds. Why seeds and a
-test over them instead of one run against a threshold: on this toy the effect is a few points
-of greedy pass rate on 64 prompts (0.31 -> 0.35-0.41), about as large as one run's step-to-step
-noise. Fixed mode is bitwise reproducible on one machine, but a different CPU or library build
-takes another trajectory, and a single run crossing a fixed margin was a coin flip there (it
-failed after the CI machine changed). Pooled over six runs the rise is several standard errors.
+A reduced quickstart: GRPO and its positive control (the same arm at a tenth of the learning
+rate), 4 seeds, 10 steps, one eval set, the torch generator, through `harness run` and its
+report. Two properties of the shipped regime (README "Resolving power"):
+- RL raises the primary greedy score well above the warm-started model's: in the quickstart
+  regime GRPO gains ~+0.33 in 10 steps (0.47 -> ~0.80 on 256 held-out prompts), so a floor of
+  +0.15 per seed holds on any CPU's trajectory, not only this machine's bitwise one;
+- the report's Findings find the handicapped arm worse (Holm-adjusted paired t p < 0.05, the
+  paired interval excluding 0) and its probability-of-improvement interval excludes 0.5: the
+  harness shows a difference where one was planted.
 """
 
 from __future__ import annotations
@@ -15,52 +17,68 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
+import pandas as pd
 import pytest
-from scipy import stats
 
 from contract import metrics as M
-from tests.harness.trial_helpers import REPO, metrics, status
+from tests.harness.trial_helpers import REPO, metrics
 
-STEPS = 50
-SEEDS = (0, 1, 2)
-ARMS = ("gspo", "grpo")
+# 8 short trials and a report: ~3 minutes on 2 idle cores, far longer on a loaded machine.
+pytestmark = pytest.mark.timeout(1500)
+STEPS = 10
+SEEDS = 4
+CONTROL = "grpo_lr_tenth"
+OVERRIDES = [
+    f"seeds=range(0,{SEEDS})",
+    f"arms=[{{name: grpo, objective: grpo}}, {{name: {CONTROL}, objective: grpo, lr: 3.0e-6}}]",
+    "evals=[{name: addition2}]",
+    "eval.samples=0",
+    "eval.pass_k=[]",
+    "generation.backend=torch",
+]
 
 
-def _command(out: Path, arm: str, seed: int) -> list[str]:
-    return [
-        sys.executable, "-m", "harness.cli", "trial", str(REPO / "configs/quickstart.yaml"),
-        "--arm", arm, "--seed", str(seed), "--lag", "0", "--out", str(out),
-        "--steps", str(STEPS), "generation.backend=torch",
+@pytest.fixture(scope="module")
+def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("control") / "run"
+    command = [
+        sys.executable, "-m", "harness.cli", "run", str(REPO / "configs/quickstart.yaml"),
+        "--out", str(out), "--steps", str(STEPS), *OVERRIDES,
     ]  # fmt: skip
+    result = subprocess.run(
+        command, cwd=REPO, capture_output=True, text=True, timeout=1500, check=False
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return out
 
 
-def _improvement(out: Path) -> float:
-    """Mean of the last two evals minus the first (the shared warm-started model's score)."""
-    evals = metrics(out)[M.EVAL_PASS_RATE].dropna()
-    return float(evals.iloc[-2:].mean() - evals.iloc[0])
+def _gain(trial: Path) -> float:
+    evals = metrics(trial)[M.EVAL_PASS_RATE].dropna()
+    return float(evals.iloc[-1] - evals.iloc[0])
 
 
 @pytest.mark.slow
-def test_eval_pass_rate_rises_over_seeds_for_both_arms(tmp_path: Path) -> None:
-    runs = [(arm, seed, tmp_path / f"{arm}-{seed}") for seed in SEEDS for arm in ARMS]
-    for pair in (runs[i : i + 2] for i in range(0, len(runs), 2)):  # two at a time: 2 cores
-        procs = [
-            subprocess.Popen(
-                _command(out, arm, seed),
-                cwd=REPO,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-            for arm, seed, out in pair
-        ]
-        for proc, (arm, seed, out) in zip(procs, pair, strict=True):
-            log, _ = proc.communicate(timeout=900)
-            assert proc.returncode == 0, f"{arm} seed {seed}:\n{log}"
-            assert status(out) == "completed"
-    gains = {(arm, seed): _improvement(out) for arm, seed, out in runs}
-    per_arm = {arm: np.mean([gains[arm, seed] for seed in SEEDS]) for arm in ARMS}
-    assert all(gain > 0 for gain in per_arm.values()), gains
-    pooled = stats.ttest_1samp(list(gains.values()), 0.0, alternative="greater")
-    assert pooled.pvalue < 0.05, (pooled, gains)
+def test_rl_raises_the_greedy_score_on_every_seed(experiment: Path) -> None:
+    gains = {
+        seed: _gain(experiment / "trials" / f"grpo__seed{seed}__lag0__fixed")
+        for seed in range(SEEDS)
+    }
+    assert all(gain > 0.15 for gain in gains.values()), gains
+
+
+@pytest.mark.slow
+def test_the_report_detects_the_positive_control(experiment: Path) -> None:
+    summary = pd.read_parquet(experiment / "report" / "summary.parquet")
+    comparison = f"grpo vs {CONTROL}"
+    finding = summary[(summary["section"] == "findings") & (summary["comparison"] == comparison)]
+    assert len(finding) == 1, summary[summary["section"] == "findings"]
+    assert finding["statistic"].iloc[0] == "detected", finding["note"].iloc[0]
+    assert finding["note"].iloc[0].startswith(f"grpo beats {CONTROL} at lag 0"), finding
+    improvement = summary[
+        (summary["section"] == "probability_of_improvement")
+        & (summary["comparison"] == comparison)
+        & (summary["statistic"] == "final_score")
+    ].iloc[0]
+    assert improvement["ci_low"] > 0.5, improvement
+    report = (experiment / "report" / "report.md").read_text()
+    assert report.index("## Findings") < report.index("## Comparisons")

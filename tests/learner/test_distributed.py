@@ -1,9 +1,11 @@
 """Data-parallel learner step: 2 gloo CPU ranks match one process on the same batch.
 
-The ranks each train one group of every 2-group minibatch; with the world_size * local / global
-units factor, DDP's averaged gradient is the single-process gradient, so after identical AdamW
-steps the weights agree to float32 rounding. Ragged responses make the per-rank token and
-sequence counts differ, so a missing or wrong factor shows.
+The ranks each train one group of every 2-group minibatch; every loss divides by the whole
+minibatch's totals and is scaled by the world size, so DDP's averaged gradient is the
+single-process gradient, and after identical AdamW steps the weights agree to float32 rounding.
+Ragged responses make the per-rank token and sequence counts differ, so a missing or wrong
+normaliser shows. The `_micro` cases train each rank's share in micro-batches (as many on each
+rank, `learner.runtime.update.micro_batches`) against the unsplit single process.
 """
 
 from __future__ import annotations
@@ -31,7 +33,14 @@ from learner.runtime.step import check_group_split, loss_units, train_on_batch
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 GROUP_SIZE, N_GROUPS, WORLD = 4, 4, 2
-CASES = ("grpo_seq_mean", "grpo_dapo", "ppo")
+CASES = ("grpo_seq_mean", "grpo_dapo", "ppo", "grpo_seq_mean_micro", "ppo_micro")
+# Rows of 4-9 tokens in micro-batches of 12 padded tokens: in each minibatch rank 0's share packs
+# into 3 micro-batches, rank 1's into 2, split to 3 (DDP needs as many forwards on every rank);
+# ppo_micro also chunks its log-probs.
+MICRO = {
+    "grpo_seq_mean_micro": {"micro_batch_tokens": 12},
+    "ppo_micro": {"micro_batch_tokens": 12, "logprob_chunk_tokens": 5},
+}
 
 
 def _case(name: str) -> tuple[ArmBase, LearnerConfig]:
@@ -39,11 +48,16 @@ def _case(name: str) -> tuple[ArmBase, LearnerConfig]:
         "grpo_seq_mean": make_arm(name="g", objective="grpo", agg="seq-mean-token-mean"),
         "grpo_dapo": make_arm(name="d", objective="grpo", agg="token-mean", eps_high=0.28),
         "ppo": make_arm(name="p", objective="ppo"),
-    }[name]
+    }[name.removesuffix("_micro")]
     # 4 groups in 2 minibatches of 2 groups: one group per rank per minibatch; 2 epochs, so the
     # second pass runs on weights both ranks updated identically.
     cfg = LearnerConfig(
-        prompts_per_step=N_GROUPS, minibatches=2, ppo_epochs=2, lr=1e-3, old_logprobs="recompute"
+        prompts_per_step=N_GROUPS,
+        minibatches=2,
+        ppo_epochs=2,
+        lr=1e-3,
+        old_logprobs="recompute",
+        **MICRO.get(name, {}),
     )
     return arm, cfg
 
@@ -135,9 +149,10 @@ def test_broadcast_batch_round_trips_every_field(two_ranks) -> None:
 def test_two_ranks_match_one_process(two_ranks, name: str) -> None:
     model_dir, root = two_ranks
     torch.set_num_threads(1)
-    arm, cfg = _case(name)
+    single = name.removesuffix("_micro")  # one process, no micro-batches
+    arm, cfg = _case(single)
     models = build_step_models(model_dir, arm, cfg, total_steps=3)
-    result = _step(models, _batch(), name)
+    result = _step(models, _batch(), single)
     got = torch.load(root / f"{name}.pt", weights_only=True)
     torch.testing.assert_close(got["grad_norms"], result.grad_norms, rtol=1e-5, atol=0)
     expected = models.policy.module.state_dict()

@@ -133,8 +133,9 @@ def test_a_broken_plugin_is_refused_in_one_line_naming_it(tmp_path: Path, case: 
     path.write_text(HEADER.replace("{name}", f"broken_{case}") + body)
     with pytest.raises(ConfigError) as raised:
         validate_config(_config(path, objective=f"broken_{case}"))
-    problem = str(raised.value).splitlines()[1]
-    assert problem.startswith("  <config>: Value error, ") and expected in problem
+    (problem,) = str(raised.value).splitlines()  # a single problem is one line
+    assert problem.startswith("invalid configuration: <config>: Value error, ")
+    assert expected in problem
     assert f"broken_{case}" in problem  # names the plugin or its objective
     assert f"broken_{case}" not in ARM_MODELS and f"broken_{case}" not in POLICY_LOSSES
     assert "grpo" in ARM_MODELS and POLICY_LOSSES["grpo"].__name__ == "grpo_loss"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from buffer.connection import RunKeys
 from buffer.rollout_buffer import RolloutBuffer
 from buffer.schema import make_group_id
 from buffer.telemetry import Telemetry
@@ -209,3 +210,46 @@ def test_a_missing_or_damaged_step_file_fails_the_resume_in_one_line(
     assert "steps 0-4" in message and "step-000004" in message
     assert _files(trial) == before  # nothing deleted before the failure
     assert json.loads((trial / "checkpoints/latest.json").read_text())["step"] == STEPS
+
+
+def test_a_fallback_past_committed_groups_fails_the_resume_at_once(
+    finished: Finished, tmp_path: Path
+) -> None:
+    """The step-4 checkpoint committed batches 2 and 3 (marked trained, deleted from the stream)
+    in the run's Redis. A resume that falls back to step 2 used to wait take_timeout_s for them
+    and fail with the buffer's timeout; now it fails before waiting or deleting anything."""
+    trial = _copy(finished, tmp_path)
+    (trial / "checkpoints/step-000004/state.pt").unlink()
+    before = _files(trial)
+    with pytest.raises(ResumeFailedError) as raised, resume_failures_as_one_line():
+        _run(finished, trial, "reference", range(0), resume=True)  # the run that committed
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("resuming from checkpoint step-000002, but the run's Redis")
+    assert "committed 4 group(s) as trained after it" in message and "batches 2-3" in message
+    assert "rerun the trial without --resume" in message
+    assert _files(trial) == before
+
+
+def test_groups_trained_but_not_committed_before_a_kill_are_committed_on_resume(
+    finished: Finished, tmp_path: Path
+) -> None:
+    """A learner killed after its step-2 checkpoint and before committing batches 0 and 1
+    leaves them pending in Redis. The resume used to read them back as batches before the one
+    it takes and drop them as too stale: buffer/dropped_stale 0 -> 4 (the fault-injection
+    test's Redis kills showed 0 -> 16), training and ledger unchanged. It must commit them."""
+    trial = _copy(finished, tmp_path)
+    shutil.rmtree(trial / "checkpoints/step-000004")  # the kill came before step 4's
+    client = finished.redis.client()
+    run = "uncommitted"
+    buffer = RolloutBuffer(client, run)
+    _push_batches(buffer, run, range(STEPS))
+    keys = RunKeys(run)
+    read = client.xreadgroup(keys.consumer_group, "learner", {keys.stream: ">"}, count=4)
+    assert len(read[0][1]) == 2 * PER_STEP  # batches 0 and 1: read, trained, never acked
+    outcome = _run(finished, trial, run, range(0), resume=True)
+    assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
+    _assert_same_as_finished(finished, trial)  # buffer/dropped_stale included: 0 throughout
+    assert client.xlen(keys.stream) == 0
+    assert client.scard(keys.trained) == STEPS * PER_STEP
+    assert client.hget(keys.counters, "dropped_stale") is None

@@ -28,6 +28,12 @@ arithmetic, so values parked there (even inf) change nothing; log-ratios are cla
 before exp; empty rows add nothing and a batch without response tokens gives loss 0 (still
 differentiable). In the policy objectives only `logprobs` receives gradients; every other
 tensor (old and reference logprobs, advantages, IS weights) is treated as a constant.
+
+Parts of a minibatch (micro-batches, data-parallel ranks): every loss, `value_loss` included,
+takes `totals=LossTotals(...)`, the whole minibatch's token and sequence counts, and divides by
+them instead of its rows' own, so the parts' losses and gradients sum to the minibatch's;
+Clip-Cov and KL-Cov also take their token selection made on the whole minibatch (`selected`,
+see `PolicyLoss`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import get_args
 
-from learner.algorithms.masking import LOSS_AGGREGATIONS, LossAggregation
+from learner.algorithms.masking import LOSS_AGGREGATIONS, LossAggregation, LossTotals
 from learner.algorithms.objectives.cispo import cispo_loss
 from learner.algorithms.objectives.covariance import clip_cov_loss, kl_cov_loss
 from learner.algorithms.objectives.gmpo import gmpo_loss
@@ -81,6 +87,7 @@ __all__ = [
     "LOSS_AGGREGATIONS",
     "POLICY_LOSSES",
     "LossAggregation",
+    "LossTotals",
     "ObjectiveOptions",
     "PolicyLoss",
     "Stats",

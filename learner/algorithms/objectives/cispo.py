@@ -44,6 +44,7 @@ def cispo_loss(
     pg_loss = -(weight * token_adv) * logprobs  # (B, T)  0 off the mask
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss, kl_ref = add_kl_ref(aggregate_padded(pg_loss, lengths, "token-mean"), batch, options)
+    loss = aggregate_padded(pg_loss, lengths, "token-mean", totals=batch.totals)
+    loss, kl_ref = add_kl_ref(loss, batch, options)
     units = ClipUnits(ratio, truncated.float(), valid=mask, tokens=None, is_token_ratio=True)
     return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)

@@ -72,7 +72,31 @@ def top_tokens(scores: Tensor, count: int) -> Tensor:
     return selected.view_as(scores)
 
 
-@PolicyLoss
+def _clip_cov_options(options: ObjectiveOptions) -> ClipCovOptions:
+    if not isinstance(options, ClipCovOptions):
+        raise TypeError(f"clip_cov_loss needs ClipCovOptions; got {type(options).__name__}")
+    return options
+
+
+def clip_cov_selection(batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions) -> Tensor:
+    """Clip-Cov's I over the batch's rows, bool [B, T]: r N tokens drawn from the tokens not
+    PPO-clipped with omega_low < Cov_t < omega_high (`clip_cov_loss`). Covariance, N and the draw
+    are of all the rows given, so a minibatch trained in parts selects on all of it
+    (`PolicyLoss.selection`)."""
+    options = _clip_cov_options(options)
+    mask = batch.mask
+    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    with torch.no_grad():
+        _, _, clipped = clipped_surrogate(
+            batch.log_ratio.detach(), token_adv, options.eps_low, options.eps_high
+        )
+    cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
+    candidates = mask & (clipped == 0) & (cov > options.cov_low) & (cov < options.cov_high)
+    count = selection_count(options.clip_fraction, int(batch.lengths.sum()))
+    return choose_tokens(candidates, count, batch.logprobs.detach(), mask)  # (B, T)
+
+
+@PolicyLoss.selecting(clip_cov_selection)
 def clip_cov_loss(
     batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
@@ -90,28 +114,39 @@ def clip_cov_loss(
     r of the tokens whenever there are candidates) are cut whatever their ratio, so counting them
     would break the sanity property that identical policies clip nothing (design section 6).
     """
-    if not isinstance(options, ClipCovOptions):
-        raise TypeError(f"clip_cov_loss needs ClipCovOptions; got {type(options).__name__}")
-    options = with_aggregation(options, "token-mean")
+    options = with_aggregation(_clip_cov_options(options), "token-mean")
     mask, lengths = batch.mask, batch.lengths
     token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
     pg_loss, ratio, clipped = clipped_surrogate(
         batch.log_ratio, token_adv, options.eps_low, options.eps_high
     )
-    cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
-    candidates = mask & (clipped == 0) & (cov > options.cov_low) & (cov < options.cov_high)
-    count = selection_count(options.clip_fraction, int(lengths.sum()))
-    selected = choose_tokens(candidates, count, batch.logprobs.detach(), mask)  # (B, T)
-    pg_loss = torch.where(selected, 0.0, pg_loss)  # value and gradient 0 on I
+    assert batch.selected is not None, "PolicyLoss fills it from clip_cov_selection"
+    pg_loss = torch.where(batch.selected, 0.0, pg_loss)  # value and gradient 0 on I
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "token-mean")
+    loss = aggregate_padded(pg_loss, lengths, "token-mean", totals=batch.totals)
     loss, kl_ref = add_kl_ref(loss, batch, options)
     units = ClipUnits(ratio, clipped, valid=mask, tokens=None, is_token_ratio=True)
     return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
 
 
-@PolicyLoss
+def _kl_cov_options(options: ObjectiveOptions) -> KLCovOptions:
+    if not isinstance(options, KLCovOptions):
+        raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
+    return options
+
+
+def kl_cov_selection(batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions) -> Tensor:
+    """KL-Cov's I over the batch's rows, bool [B, T]: the k N tokens of highest Cov_t, none when
+    beta = 0 (`kl_cov_loss`); of all the rows given, as `clip_cov_selection`."""
+    options = _kl_cov_options(options)
+    token_adv = masked_constant(advantages, batch.mask, "advantages")  # (B, T)
+    cov = token_covariance(batch.logprobs, token_adv, batch.mask)  # (B, T)
+    fraction = options.kl_fraction if options.kl_coef > 0 else 0.0  # beta 0: no penalty at all
+    return top_tokens(cov, selection_count(fraction, int(batch.lengths.sum())))
+
+
+@PolicyLoss.selecting(kl_cov_selection)
 def kl_cov_loss(
     batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
 ) -> tuple[Tensor, Stats]:
@@ -131,21 +166,17 @@ def kl_cov_loss(
     engine-rounding gap of 1e-7, so counting them would break the sanity property that identical
     policies clip nothing (design section 6). kl_old shows how far the ratios moved.
     """
-    if not isinstance(options, KLCovOptions):
-        raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
-    options = with_aggregation(options, "token-mean")
+    options = with_aggregation(_kl_cov_options(options), "token-mean")
     mask, lengths = batch.mask, batch.lengths
     token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
     log_ratio = batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 off mask
     ratio = torch.exp(log_ratio)  # (B, T)
-    cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
-    fraction = options.kl_fraction if options.kl_coef > 0 else 0.0  # beta 0: no penalty at all
-    selected = top_tokens(cov, selection_count(fraction, int(lengths.sum())))
-    penalty = torch.where(selected, options.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
+    assert batch.selected is not None, "PolicyLoss fills it from kl_cov_selection"
+    penalty = torch.where(batch.selected, options.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
     pg_loss = -token_adv * ratio + penalty  # (B, T)  0 off the mask
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "token-mean")
+    loss = aggregate_padded(pg_loss, lengths, "token-mean", totals=batch.totals)
     loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
         none = torch.zeros_like(ratio)  # (B, T)  nothing clipped

@@ -65,7 +65,7 @@ def gmpo_loss(
     pg_loss = -seq_adv * seq_ratio  # (B,)
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_mean(batch.is_weights.detach().float(), mask, dim=-1)
-    loss = pg_loss.sum() / nonempty.sum().clamp_min(1)
+    loss = pg_loss.sum() / batch.totals.sequences.clamp_min(1)  # the minibatch's rows
     loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
         ratio = torch.exp(log_ratio)  # (B, T)  1 off the mask

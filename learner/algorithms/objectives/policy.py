@@ -63,7 +63,7 @@ def gspo_loss(
     if batch.is_weights is not None:
         weights = batch.is_weights.detach().float()
         pg_loss = pg_loss * masked_mean(weights, batch.mask, dim=-1)  # (B,)
-    loss = pg_loss.sum() / nonempty.sum().clamp_min(1)
+    loss = pg_loss.sum() / batch.totals.sequences.clamp_min(1)  # the minibatch's rows
     kl_term, kl_ref = kl_ref_term(batch, options)
     if kl_term is not None:
         loss = loss + kl_term
@@ -93,7 +93,7 @@ def _token_objective(
     )
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")  # (B, T)
-    loss = aggregate_padded(pg_loss, lengths, options.agg, options.max_len)
+    loss = aggregate_padded(pg_loss, lengths, options.agg, options.max_len, batch.totals)
     kl_term, kl_ref = kl_ref_term(batch, options)
     if kl_term is not None:
         loss = loss + kl_term

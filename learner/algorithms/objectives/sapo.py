@@ -56,7 +56,7 @@ def sapo_loss(
     pg_loss = -gate * token_adv  # (B, T)  0 off the mask (A = 0 there)
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "seq-mean-token-mean")
+    loss = aggregate_padded(pg_loss, lengths, "seq-mean-token-mean", totals=batch.totals)
     loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
         gated = (gate_weight(ratio, tau) < GATED_BELOW) & mask  # (B, T)

@@ -1,0 +1,188 @@
+"""One optimizer update of a minibatch, in micro-batches: partition, accumulation, checks.
+
+With `learner.micro_batch_tokens` a minibatch's gradient is accumulated over micro-batches and
+the optimizer steps once per minibatch (`accumulate`). The budget counts *padded* tokens, rows x
+the micro-batch's width (its longest prompt + response), because that is the shape the forward
+runs on: activations and logits scale with it, prompt and padding included. Rows are sorted by
+length (longest first, stable) before they are packed greedily, so rows of similar length share a
+micro-batch and little of the budget is padding. A row longer than the budget is a micro-batch
+of its own: a sequence is never split, since its loss terms (GSPO's sequence ratio, a
+per-sequence mean) need all its tokens in one forward.
+
+The partition changes no result beyond float rounding: every loss divides by the whole
+minibatch's totals (`learner.algorithms.masking.LossTotals`), so micro-batch gradients sum to
+the minibatch's whatever the grouping.
+
+Data parallel: every rank holds the whole batch, so each rank plans every rank's share and
+splits its own until all ranks have as many micro-batches as the one with the most: DDP
+broadcasts module buffers (rotary frequencies) in every forward, so the ranks must run equal
+numbers of forwards. Only the last micro-batch's backward all-reduces gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
+
+from learner.algorithms.objectives import Stats
+from learner.runtime.distributed import DistContext, all_reduce_sum
+
+
+class DivergenceError(RuntimeError):
+    """A non-finite loss or gradient: the trial stops and is recorded as diverged."""
+
+
+@dataclass
+class Optimised:
+    """A module with its optimiser and LR scheduler."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of the step batch trained in one forward/backward."""
+
+    rows: Tensor  # (b,) rows of the step batch, longest first
+    local: Tensor  # (b,) the same rows' positions in their minibatch share
+    width: int | None  # padded length: the longest row's real tokens; None = the batch's width
+
+
+def take(x: Tensor, part: MicroBatch) -> Tensor:
+    """`x`'s rows of the micro-batch, [b] or [b, width] (cut to its width)."""
+    x = x[part.rows]
+    return x if x.ndim == 1 or part.width is None else x[:, : part.width]
+
+
+def micro_batches(
+    shares: Tensor, rank: int, lengths: Tensor, budget: int | None
+) -> list[MicroBatch]:
+    """Rank `rank`'s micro-batches of one minibatch.
+
+    shares (W, b): each rank's rows of the minibatch (W = 1 single-process); lengths (B,): real
+    tokens of every row of the step batch; budget: `learner.micro_batch_tokens` (None: the whole
+    share at the batch's width, one forward as without micro-batches).
+    """
+    own = shares[rank]  # (b,)
+    if budget is None:
+        return [MicroBatch(own, torch.arange(own.numel()), None)]
+    sizes = lengths.tolist()  # one transfer; the planning is plain integers
+    plans = [_pack([sizes[row] for row in share.tolist()], budget) for share in shares]
+    groups = _split_to(plans[rank], max(len(plan) for plan in plans))
+    own_sizes = [sizes[row] for row in own.tolist()]
+    return [
+        MicroBatch(own[torch.tensor(g)], torch.tensor(g), max(own_sizes[i] for i in g))
+        for g in groups
+    ]
+
+
+def _pack(sizes: list[int], budget: int) -> list[list[int]]:
+    """Greedy packing of rows (positions into `sizes`) sorted longest first (stable): a row
+    joins the current micro-batch while rows x its width (its first row's size) fit."""
+    groups: list[list[int]] = []
+    width = 0
+    for position in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        if groups and (len(groups[-1]) + 1) * width <= budget:
+            groups[-1].append(position)
+        else:
+            groups.append([position])  # a row over the budget alone: never split
+            width = sizes[position]
+    return groups
+
+
+def _split_to(groups: list[list[int]], count: int) -> list[list[int]]:
+    """Halve the micro-batch with the most rows (the first of equals) until there are `count`.
+
+    Possible while count <= rows, which holds: every rank has as many rows, and no rank has
+    more micro-batches than rows. Halves keep the longest-first order; each is within budget.
+    """
+    groups = list(groups)
+    while len(groups) < count:
+        largest = max(range(len(groups)), key=lambda i: (len(groups[i]), -i))
+        if len(groups[largest]) < 2:
+            raise ValueError(
+                f"cannot split {len(groups)} micro-batches of single rows into {count}"
+            )
+        half = (len(groups[largest]) + 1) // 2
+        groups[largest : largest + 1] = [groups[largest][:half], groups[largest][half:]]
+    return groups
+
+
+def check_finite(name: str, value: Tensor | float) -> None:
+    number = float(value.detach()) if isinstance(value, Tensor) else float(value)
+    if not math.isfinite(number):
+        raise DivergenceError(f"non-finite {name} ({number})")
+
+
+def _non_finite(name: str, loss: Tensor, dist: DistContext) -> float:
+    """Single-process: raise at once on a non-finite loss. DDP: 1.0 if it is, for
+    `_raise_on_every_rank` to raise on every rank together."""
+    if dist.world_size == 1:
+        check_finite(name, loss)
+        return 0.0
+    return float(not torch.isfinite(loss.detach()))
+
+
+def _raise_on_every_rank(name: str, bad: float, dist: DistContext) -> None:
+    """DDP: raise on every rank if any rank had a non-finite loss (one all-reduce)."""
+    if dist.world_size == 1:
+        return
+    ranks = int(all_reduce_sum(torch.tensor([float(bad > 0)], dtype=torch.float64), dist))
+    if ranks > 0:
+        raise DivergenceError(f"non-finite {name} on {ranks} of {dist.world_size} ranks")
+
+
+def _local_grads(module: nn.Module, *, keep: bool) -> contextlib.AbstractContextManager[None]:
+    """DDP's no_sync while `keep` (gradients accumulate locally, no all-reduce); else nothing."""
+    if keep and isinstance(module, DistributedDataParallel):
+        return module.no_sync()
+    return contextlib.nullcontext()
+
+
+PartLoss = Callable[[MicroBatch], tuple[Tensor, Stats, Tensor]]
+"""A micro-batch -> (its loss, its stats, its detached per-token output [b, width])."""
+
+
+def accumulate(
+    opt: Optimised,
+    parts: list[MicroBatch],
+    part_loss: PartLoss,
+    *,
+    max_norm: float,
+    dist: DistContext,
+    what: str,
+) -> tuple[float, Stats, list[Tensor]]:
+    """One clipped optimizer step on the sum of the micro-batches' gradients; returns the
+    gradient norm, the last part's stats and every part's output.
+
+    Each part's loss divides by the whole minibatch's totals, so the sum is the minibatch's
+    gradient; DDP averages over ranks, hence x world_size. Under DDP only the last backward
+    all-reduces (`no_sync` before it), and a non-finite loss on any rank is raised on every
+    rank before that backward (one all-reduce), so no rank is left waiting in it.
+    """
+    opt.optimizer.zero_grad(set_to_none=True)
+    outputs: list[Tensor] = []
+    stats: Stats = {}
+    bad = 0.0
+    for k, part in enumerate(parts):
+        last = k == len(parts) - 1
+        with _local_grads(opt.module, keep=not last):
+            loss, stats, output = part_loss(part)
+            bad += _non_finite(f"{what} loss", loss, dist)
+            if last:
+                _raise_on_every_rank(f"{what} loss", bad, dist)
+            (loss if dist.world_size == 1 else loss * dist.world_size).backward()
+        outputs.append(output)
+    grad_norm = torch.nn.utils.clip_grad_norm_(opt.module.parameters(), max_norm)
+    check_finite(f"{what} gradient norm", grad_norm)
+    opt.optimizer.step()
+    opt.scheduler.step()
+    return float(grad_norm), stats, outputs

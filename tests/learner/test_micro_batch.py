@@ -1,0 +1,202 @@
+"""Micro-batches (gradient accumulation) give the whole minibatch's gradient, for every loss.
+
+Each part's loss divides by the minibatch's totals (`LossTotals`) instead of its own counts, and
+Clip-Cov / KL-Cov take their token selection made on the whole minibatch
+(`PolicyLoss.selection`), so the parts' gradients sum to the unsplit one. The batch has an
+uneven last micro-batch, a row longer than the budget (a micro-batch of its own) and an empty
+response; the losses run off-policy (some tokens clipped), with IS weights and a reference-KL
+penalty, so every term of every loss is split.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+
+from learner.algorithms.masking import LOSS_AGGREGATIONS, LossTotals
+from learner.algorithms.objectives import POLICY_LOSSES, value_loss
+from learner.config import make_arm
+from learner.plugins import load_plugins
+from learner.runtime.update import MicroBatch, micro_batches, take
+
+# Prompt and response lengths of each row (row 4's response is empty): real tokens 8, 3, 13, 20,
+# 3, 6, 5, 8. Budget 16 padded tokens: sorted longest first they pack as [20] (over the budget,
+# alone), [13], [8, 8], [6, 5], [3, 3]: uneven parts, the last one 6 of 16 tokens.
+PROMPTS = [3, 2, 4, 2, 3, 2, 3, 4]
+RESPONSES = [5, 1, 9, 18, 0, 4, 2, 4]
+BUDGET = 16
+SETTINGS: dict[str, dict[str, object]] = {
+    "clip_cov": {"clip_fraction": 0.2, "cov_low": -10.0, "cov_high": 10.0},
+    "kl_cov": {"kl_fraction": 0.2},
+}
+ARMS = [("grpo", {"agg": agg}) for agg in LOSS_AGGREGATIONS]
+ARMS += [(name, SETTINGS.get(name, {})) for name in POLICY_LOSSES if name != "grpo"]
+PLUGIN = "examples/clipped_reinforce.py"
+
+
+def minibatch(seed: int = 0) -> dict[str, Tensor]:
+    """Right-padded [B, T] tensors laid out like a collated batch, junk off the response."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor(PROMPTS) + torch.tensor(RESPONSES)  # (B,) real tokens
+    width = int(lengths.max()) + 1  # one column of padding for every row
+    positions = torch.arange(width)[None, :]  # (1, T)
+    mask = (positions >= torch.tensor(PROMPTS)[:, None]) & (positions < lengths[:, None])
+    shape = mask.shape
+
+    def noise(scale: float) -> Tensor:
+        return scale * torch.randn(shape, generator=gen)
+
+    logprobs = -3 * torch.rand(shape, generator=gen)  # (B, T)
+    return {
+        "logprobs": logprobs,
+        "old": logprobs + noise(0.3),  # off-policy: some ratios outside the clip range
+        "ref": logprobs + noise(0.2),
+        "is_weights": 0.5 + torch.rand(shape, generator=gen),
+        "adv_seq": torch.randn(shape[0], generator=gen),
+        "adv_tok": noise(1.0),
+        "mask": mask,
+        "lengths": lengths,
+        "values": noise(1.0),
+        "old_values": noise(1.0),
+        "returns": noise(1.0),
+    }
+
+
+def parts_of(lengths: Tensor, ranks: int = 1) -> list[MicroBatch]:
+    """Every rank's micro-batches of the whole batch (rows split into `ranks` equal shares)."""
+    shares = torch.arange(lengths.numel()).reshape(ranks, -1)  # (W, b)
+    return [part for rank in range(ranks) for part in micro_batches(shares, rank, lengths, BUDGET)]
+
+
+def split_gradient(name: str, settings: dict[str, object], ranks: int) -> tuple[float, float]:
+    """(max |grad difference|, |loss difference|) of the parts against the whole minibatch."""
+    b = minibatch()
+    arm = make_arm(name="a", objective=name, beta=0.04, **settings)
+    options = arm.objective_options(max_len=b["mask"].shape[1])
+    adv = b["adv_seq"] if arm.advantages == "group" else torch.where(b["mask"], b["adv_tok"], 0)
+    loss_fn = POLICY_LOSSES[name]
+
+    def run(logprobs: Tensor, rows: MicroBatch | None, **extra: object) -> Tensor:
+        def cut(x: Tensor) -> Tensor:
+            return x if rows is None else take(x, rows)
+
+        loss, _ = loss_fn(
+            cut(logprobs),
+            cut(b["old"]),
+            cut(adv),
+            cut(b["mask"]),
+            options,
+            is_weights=cut(b["is_weights"]),
+            ref_logprobs=cut(b["ref"]),
+            **extra,
+        )
+        return loss
+
+    whole = b["logprobs"].clone().requires_grad_()
+    whole_loss = run(whole, None)
+    whole_loss.backward()
+    split = b["logprobs"].clone().requires_grad_()
+    totals = LossTotals.of(b["mask"])
+    selected = loss_fn.selection(b["logprobs"], b["old"], adv, b["mask"], options)
+    split_loss = torch.zeros(())
+    for part in parts_of(b["lengths"], ranks):
+        picked = None if selected is None else take(selected, part)
+        loss = run(split, part, totals=totals, selected=picked)
+        loss.backward()
+        split_loss += loss.detach()
+    assert whole.grad is not None and split.grad is not None
+    assert whole.grad.abs().max() > 1e-3  # the comparison is not between two zeros
+    grad_diff = float((whole.grad - split.grad).abs().max())
+    return grad_diff, abs(float(whole_loss.detach()) - float(split_loss))
+
+
+def test_the_batch_splits_unevenly_with_a_row_over_the_budget() -> None:
+    lengths = minibatch()["lengths"]
+    parts = parts_of(lengths)
+    # Longest first: [20] alone (over the budget), [13] (13 + 8 rows-x-width would be 26), then
+    # 2 x 8 = 16 fits, 3 x 8 = 24 not; 2 x 6 = 12, 3 x 6 = 18 not; the last part [3, 3].
+    assert [lengths[p.rows].tolist() for p in parts] == [[20], [13], [8, 8], [6, 5], [3, 3]]
+    assert [p.width for p in parts] == [20, 13, 8, 6, 3]
+    assert sorted(torch.cat([p.rows for p in parts]).tolist()) == list(range(len(PROMPTS)))
+    assert all(p.rows.numel() * p.width <= BUDGET for p in parts if p.rows.numel() > 1)
+
+
+@pytest.mark.parametrize(("name", "settings"), ARMS, ids=[a[1].get("agg", a[0]) for a in ARMS])
+def test_micro_batches_give_the_minibatch_gradient(name: str, settings: dict) -> None:
+    grad_diff, loss_diff = split_gradient(name, settings, ranks=1)
+    assert grad_diff <= 1e-6 and loss_diff <= 1e-6, (grad_diff, loss_diff)
+
+
+@pytest.mark.parametrize(("name", "settings"), ARMS, ids=[a[1].get("agg", a[0]) for a in ARMS])
+def test_ranks_and_their_micro_batches_give_the_minibatch_gradient(name: str, settings) -> None:
+    """Two data-parallel shares, each in micro-batches (the step scales by world size where DDP
+    averages). Clip-Cov and KL-Cov select per rank, as without micro-batches: skipped."""
+    if POLICY_LOSSES[name].select is not None:
+        pytest.skip("selects tokens on each rank's share, not on the whole minibatch")
+    grad_diff, loss_diff = split_gradient(name, settings, ranks=2)
+    assert grad_diff <= 1e-6 and loss_diff <= 1e-6, (grad_diff, loss_diff)
+
+
+def test_a_plugin_that_divides_by_the_totals_splits_exactly() -> None:
+    (info,) = load_plugins([PLUGIN])
+    (name,) = info.objectives
+    grad_diff, loss_diff = split_gradient(name, {}, ranks=1)
+    assert grad_diff <= 1e-6 and loss_diff <= 1e-6, (grad_diff, loss_diff)
+
+
+def test_value_loss_micro_batches_give_the_minibatch_gradient() -> None:
+    b = minibatch()
+    grads = []
+    for parts in ([None], parts_of(b["lengths"])):
+        values = b["values"].clone().requires_grad_()
+        totals = None if parts == [None] else LossTotals.of(b["mask"])
+        for part in parts:
+
+            def cut(x: Tensor, part: MicroBatch | None = part) -> Tensor:
+                return x if part is None else take(x, part)
+
+            loss, _ = value_loss(
+                cut(values),
+                cut(b["old_values"]),
+                cut(b["returns"]),
+                cut(b["mask"]),
+                clip=0.2,
+                totals=totals,
+            )
+            loss.backward()
+        grads.append(values.grad)
+    assert grads[0].abs().max() > 1e-3
+    assert float((grads[0] - grads[1]).abs().max()) <= 1e-6
+
+
+def test_totals_of_the_rows_themselves_change_nothing() -> None:
+    """An unsplit call with its own totals is the call without totals, bit for bit."""
+    b = minibatch()
+    for name, settings in ARMS:
+        arm = make_arm(name="a", objective=name, **settings)
+        options = arm.objective_options(max_len=b["mask"].shape[1])
+        adv = b["adv_seq"] if arm.advantages == "group" else b["adv_tok"]
+        args = (b["logprobs"], b["old"], adv, b["mask"], options)
+        plain, plain_stats = POLICY_LOSSES[name](*args)
+        given, given_stats = POLICY_LOSSES[name](*args, totals=LossTotals.of(b["mask"]))
+        assert torch.equal(plain, given) and plain_stats == given_stats, name
+
+
+def test_ranks_get_as_many_micro_batches_each() -> None:
+    """DDP broadcasts buffers in every forward: ranks must run equal numbers of forwards. The
+    share with fewer parts halves its largest until the counts match, within the budget."""
+    lengths = torch.tensor([20, 3, 3, 3, 3, 3, 3, 3])  # rank 0: [20], [3, 3, 3]; rank 1: [3 x 4]
+    shares = torch.arange(8).reshape(2, 4)
+    own = [micro_batches(shares, rank, lengths, 12) for rank in (0, 1)]
+    assert [len(parts) for parts in own] == [2, 2]
+    assert [p.rows.tolist() for p in own[1]] == [[4, 5], [6, 7]]
+    for rank, parts in enumerate(own):
+        assert sorted(torch.cat([p.rows for p in parts]).tolist()) == shares[rank].tolist()
+        assert [p.local.tolist() for p in parts] == [(p.rows - 4 * rank).tolist() for p in parts]
+
+
+def test_without_a_budget_the_share_is_one_part_at_full_width() -> None:
+    shares = torch.arange(6).reshape(1, 6)
+    (part,) = micro_batches(shares, 0, torch.full((6,), 5), None)
+    assert part.rows.tolist() == list(range(6)) and part.width is None
