@@ -56,6 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from contract.step_tables import fsync_dir
+
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "gspo-harness checkpoint v1"
@@ -152,7 +154,7 @@ class CheckpointStore:
         _fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
-        _fsync(self.root)
+        fsync_dir(self.root)
         state_file = final / STATE_FILE
         files = {STATE_FILE: {"sha256": _sha256(state_file), "bytes": state_file.stat().st_size}}
         records = self.records(state.step) if self.records is not None else {}
@@ -297,16 +299,7 @@ def _fsync_dir(path: Path) -> None:
     for child in path.iterdir():
         with child.open("rb") as handle:
             os.fsync(handle.fileno())
-    _fsync(path)
-
-
-def _fsync(directory: Path) -> None:
-    """Make the names in `directory` (a rename into it) durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path)
 
 
 def _write_json_atomic(path: Path, content: object) -> None:
@@ -317,7 +310,7 @@ def _write_json_atomic(path: Path, content: object) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     tmp.replace(path)
-    _fsync(path.parent)
+    fsync_dir(path.parent)
 
 
 def _sha256(path: Path) -> str:
