@@ -38,7 +38,7 @@ def _garbage_jsonl(tmp_path: Path) -> Path:
     return path
 
 
-def _one_line_error(args: list[str]) -> str:
+def one_line_error(args: list[str]) -> str:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2, (args, result.output, result.exception)
     assert isinstance(result.exception, SystemExit)  # typer.Exit, not an escaped error
@@ -51,7 +51,7 @@ def _one_line_error(args: list[str]) -> str:
 @pytest.mark.parametrize("command", ["trial", "run"])
 def test_missing_model_path(tmp_path: Path, command: str) -> None:
     missing = tmp_path / "no-model"
-    line = _one_line_error([*_commands(tmp_path)[command], f"model.path={missing}"])
+    line = one_line_error([*_commands(tmp_path)[command], f"model.path={missing}"])
     assert f"model.path {missing} is not a directory (nothing is there)" in line
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
 
@@ -60,7 +60,7 @@ def test_missing_model_path(tmp_path: Path, command: str) -> None:
 def test_missing_task_file(tmp_path: Path, command: str) -> None:
     missing = tmp_path / "no-tasks.jsonl"
     args = [*_commands(tmp_path)[command], "task.name=file", f"task.path={missing}"]
-    assert f"task.path {missing} does not exist" in _one_line_error(args)
+    assert f"task.path {missing} does not exist" in one_line_error(args)
     assert not (tmp_path / "t").exists() and not (tmp_path / "r").exists()
 
 
@@ -68,7 +68,7 @@ def test_missing_task_file(tmp_path: Path, command: str) -> None:
 def test_garbage_jsonl_names_the_file_and_line(tmp_path: Path, command: str) -> None:
     path = _garbage_jsonl(tmp_path)
     args = [*_commands(tmp_path)[command], "task.name=file", f"task.path={path}"]
-    line = _one_line_error(args)
+    line = one_line_error(args)
     # Line 2 is blank (skipped, as pandas does); on line 3 `{"prompt": "2+2=", ` takes
     # columns 1..19, so the property name json expects after the comma is missing at column 20.
     assert f"task.path {path}: line 3 is not valid JSON ({EXPECTED_JSON_ERROR})" in line
@@ -97,7 +97,7 @@ def test_unreadable_task_files_raise_config_errors(tmp_path: Path) -> None:
 
 def test_data_command_reports_an_unwritable_output_in_one_line(tmp_path: Path) -> None:
     args = ["data", "gsm8k-format", str(tmp_path), "--train-size", "2", "--test-size", "1"]
-    line = _one_line_error(args)  # the output path is a directory
+    line = one_line_error(args)  # the output path is a directory
     assert str(tmp_path) in line
 
 

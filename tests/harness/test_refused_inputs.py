@@ -16,15 +16,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, write_trial_record
 from contract.trial import TrialStatus
-from harness.cli import app
 from harness.config import load_config
 from harness.trial.processes import Child
 from harness.trial.watch import _learner_finished
+from tests.harness.test_input_errors import one_line_error
 from tests.harness.trial_helpers import REPO
 
 # A small valid config of its own (the shipped ones change with the experiments they run): each
@@ -58,16 +57,6 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def trial_args(config: str, out: str | Path, seed: str = "0") -> list[str]:
     return ["trial", config, "--arm", "gspo", "--seed", seed, "--lag", "0", "--out", str(out)]
-
-
-def one_line_error(args: list[str]) -> str:
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 2, (args, result.output, result.exception)
-    assert isinstance(result.exception, SystemExit)  # typer.Exit, not an escaped error
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("error: ")
-    return lines[0]
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes | None, int, int]]:
