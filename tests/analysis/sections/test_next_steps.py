@@ -41,9 +41,10 @@ def _parse_run(command: str) -> dict:
 
 
 def _finished_experiment(root: Path, steps: int | None = None) -> pd.DataFrame:
-    """The quickstart grid (seeds 0-2) on disk as `harness run` leaves it: resolved config and
-    a completed trial.json per trial with the hash the trial recorded; returns the trials table."""
-    cfg = load_config(REPO / "configs/quickstart.yaml")
+    """The quickstart's arms on seeds 0-2 x lags {0, 2}, on disk as `harness run` leaves it:
+    resolved config and a completed trial.json per trial with the hash the trial recorded;
+    returns the trials table."""
+    cfg = load_config(REPO / "configs/quickstart.yaml", ["seeds=[0,1,2]", "staleness.lags=[0,2]"])
     root.mkdir(parents=True)
     ExperimentPaths(root).resolved_config.write_text(
         yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
