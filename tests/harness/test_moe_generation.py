@@ -124,7 +124,7 @@ def test_weight_update_plan_restarts_where_reload_is_unverified() -> None:
 
 @pytest.mark.slow
 def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
-    """Two steps of the GRPO + routing replay arm of configs/moe_gspo_vs_grpo.yaml."""
+    """Two steps of the GRPO + R3 routing replay arm of configs/moe_gspo_vs_grpo.yaml."""
     out = tmp_path / "trial"
     # A short warm start into a private cache keeps the build to seconds.
     overrides = [f"model.cache_dir={tmp_path / 'models'}", "model.warm_start_steps=20"]
@@ -133,7 +133,7 @@ def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
         "trial",
         str(REPO / "configs" / "moe_gspo_vs_grpo.yaml"),
         "--arm",
-        "grpo_replay",
+        "grpo_r3",
         "--seed",
         "0",
         "--lag",
