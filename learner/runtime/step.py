@@ -244,17 +244,7 @@ class MinibatchUpdates:
             t = self.rows.of(part)
             logprobs = self._logprobs(self.models.policy.module, part)
             picked = None if selected is None else selected[part.local, : part.width]
-            loss, stats = self.objective(
-                logprobs,
-                t.old_lp,
-                t.advantages,
-                t.mask,
-                self.options,
-                is_weights=t.is_weights,
-                ref_logprobs=t.ref_lp,
-                totals=totals,
-                selected=picked,
-            )
+            loss, stats = self._policy_loss(logprobs, t, totals=totals, selected=picked)
             return loss, stats, logprobs.detach()
 
         grad_clip = self.learner.grad_clip
@@ -264,17 +254,30 @@ class MinibatchUpdates:
         if whole is not None:
             with torch.no_grad():
                 logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
-                _, stats = self.objective(
-                    logprobs,
-                    whole.old_lp,
-                    whole.advantages,
-                    whole.mask,
-                    self.options,
-                    is_weights=whole.is_weights,
-                    ref_logprobs=whole.ref_lp,
-                    selected=selected,  # the tokens the parts trained on (Clip-Cov, KL-Cov)
-                )
+                # `selected`: the tokens the parts trained on (Clip-Cov, KL-Cov)
+                _, stats = self._policy_loss(logprobs, whole, selected=selected)
         return grad_norm, stats
+
+    def _policy_loss(
+        self,
+        logprobs: Tensor,
+        rows: RowTensors,
+        *,
+        totals: LossTotals | None = None,
+        selected: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, float]]:
+        """The arm's objective on `rows` (a micro-batch or the whole share) at `logprobs`."""
+        return self.objective(
+            logprobs,
+            rows.old_lp,
+            rows.advantages,
+            rows.mask,
+            self.options,
+            is_weights=rows.is_weights,
+            ref_logprobs=rows.ref_lp,
+            totals=totals,
+            selected=selected,
+        )
 
     def _selection(self, whole: RowTensors, parts: list[MicroBatch]) -> Tensor | None:
         """The loss's token selection over the whole share (Clip-Cov, KL-Cov; None for the
