@@ -86,8 +86,13 @@ def register_objective(arm: type[ArmBase]) -> Callable[[PolicyLoss], PolicyLoss]
 
 
 def load_plugins(entries: list[str]) -> list[PluginInfo]:
-    """Import each plugin once per process (in order) and return what each registered."""
-    return [LOADED.get(entry) or _load(entry) for entry in entries]
+    """Import each plugin once per process (in order) and return what each registered.
+
+    A file entry is keyed by its resolved path, so one file named two ways (relative and
+    absolute) is imported once instead of failing as a second registration of its objectives.
+    """
+    keys = [str(Path(e).resolve()) if e.endswith(".py") else e for e in entries]
+    return [LOADED.get(key) or _load(key) for key in keys]
 
 
 def _load(entry: str) -> PluginInfo:
