@@ -51,6 +51,7 @@ from harness.overrides import ConfigError, apply_overrides
 from learner.config import (
     ArmConfig,
     LearnerConfig,
+    group_split_problem,
     warn_equivalent_arms,
     warn_single_update,
 )
@@ -219,7 +220,8 @@ class ExperimentConfig(BaseModel):
         if len(set(names)) != len(names):
             raise ValueError(f"arm names must be unique, got {names}")
         for arm in self.arms:
-            arm.training_settings(self.learner)  # an arm's own optimiser settings must fit too
+            settings = arm.training_settings(self.learner)  # an arm's own settings must fit too
+            _check_learner_ranks(arm.name, settings, self.executor.learner_ranks)
         if len(set(self.seeds)) != len(self.seeds):
             raise ValueError(f"seeds has duplicates: {self.seeds}")
         check_unique_names(self.evals, self.train_tasks)
@@ -381,6 +383,15 @@ def expand_seed_ranges(value: Any) -> Any:
 
 
 NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
+
+
+def _check_learner_ranks(arm: str, learner: LearnerConfig, ranks: int) -> None:
+    """Every minibatch's groups split evenly over the learner's ranks (whole groups each)."""
+    if ranks == 1:
+        return
+    problem = group_split_problem(learner.prompts_per_step, learner.minibatches, ranks)
+    if problem is not None:
+        raise ValueError(f"executor.learner_ranks={ranks}, arm {arm!r}: {problem}")
 
 
 def _check_near_miss(model: ModelConfig, task: TaskConfig) -> None:

@@ -4,7 +4,9 @@
 #   2. a short fixed-mode trial of configs/gpu_check.yaml: the built-in model, vLLM on CUDA in
 #      bfloat16, the learner on CUDA; checked for completion, finite metrics and the device used;
 #   3. benchmarks/generation_bench.py --device cuda: the harness's vLLM generator vs bare vLLM;
-#   4. benchmarks/learner_bench.py --device cuda --dtype bfloat16: tokens/s and MFU.
+#   4. benchmarks/learner_bench.py --device cuda --dtype bfloat16: tokens/s and MFU;
+#   with 2+ GPUs, also a 6-step FSDP trial (2 learner ranks, bf16 mixed precision) checked
+#   like the first (skipped, and said so in the JSON, on one GPU).
 # Prints one JSON line (the last line) and exits 0 only if every part passed. It never falls back
 # to the CPU: without a visible GPU, or with a CPU build of torch, it stops at once, non-zero.
 # Budget: 8 minutes on one H200 after the packages are downloaded; each stage has its own limit.
@@ -37,6 +39,20 @@ timeout 300 .venv/bin/harness run configs/gpu_check.yaml --out "$work/run" >"$wo
 .venv/bin/python scripts/gpu_check_trial.py "$work/run" >"$work/trial.json" \
   || fail "the GPU trial's output is wrong (see above)"
 
+gpus=$(nvidia-smi -L | grep -c '^GPU ')
+if [ "$gpus" -ge 2 ]; then
+  stage "FSDP trial: 2 learner ranks, bf16 mixed precision -> $work/fsdp"
+  timeout 300 .venv/bin/harness run configs/gpu_check.yaml --out "$work/fsdp" \
+    learner.parallel=fsdp learner.dtype=bfloat16 executor.learner_ranks=2 \
+    learner.steps=6 learner.eval_every=3 learner.checkpoint_every=3 \
+    >"$work/fsdp.log" 2>&1 \
+    || { tail -n 40 "$work/fsdp.log" >&2; fail "the FSDP trial failed (log: $work/fsdp.log)"; }
+  .venv/bin/python scripts/gpu_check_trial.py "$work/fsdp" >"$work/fsdp.json" \
+    || fail "the FSDP trial's output is wrong (see above)"
+else
+  echo "{\"skipped\": \"$gpus GPU: the FSDP trial needs 2\"}" >"$work/fsdp.json"
+fi
+
 stage "generation benchmark: harness vLLM vs bare vLLM on CUDA"
 timeout 240 .venv/bin/python benchmarks/generation_bench.py --device cuda --dtype bfloat16 \
   --prompts 64 --max-new-tokens 128 --repeats 3 >"$work/generation.log" 2>&1 \
@@ -53,6 +69,6 @@ elapsed=$(( $(date +%s) - started ))
 import json, sys
 from pathlib import Path
 work, elapsed = Path(sys.argv[1]), int(sys.argv[2])
-parts = {name: json.loads((work / f"{name}.json").read_text()) for name in ("trial", "generation", "learner")}
+parts = {name: json.loads((work / f"{name}.json").read_text()) for name in ("trial", "fsdp", "generation", "learner")}
 print(json.dumps({"gpu_check": "passed", "wall_s": elapsed, "workdir": str(work), **parts}))
 PY

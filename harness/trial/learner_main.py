@@ -36,6 +36,7 @@ from harness.storage.trial_storage import (
 )
 from harness.tasks.mixture import make_train_mixture
 from harness.trial.disk_space import disk_full_as_one_line
+from harness.trial.processes import die_with_torchrun_agent
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
@@ -228,7 +229,8 @@ def _run_learner_component(
     steps: int | None,
     resume: bool,
 ) -> LearnerOutcome:
-    dist = init_distributed(cfg.learner.device)
+    die_with_torchrun_agent()  # a rank outlives no SIGKILLed supervisor (no-op single-process)
+    dist = init_distributed(cfg.learner.device, group_of_one=cfg.learner.parallel == "fsdp")
     sync = setup_component_sync(paths.root) if dist.is_main else None
     if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
         sync.pull(LEARNER_FILES)

@@ -107,6 +107,20 @@ def die_at_once_with_parent(parent_pid: int) -> None:  # pragma: no cover - in t
         os._exit(1)
 
 
+def die_with_torchrun_agent() -> None:
+    """In a learner rank that torchrun started: SIGKILL when the torchrun agent dies.
+
+    The supervisor kills the agent's whole session on stop, but a SIGKILLed supervisor takes
+    only its direct child (the agent, by PDEATHSIG); without this its ranks would live on,
+    holding the trial's files and a process group nobody joins again. No-op outside torchrun.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or _LIBC is None:
+        return
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # pragma: no cover - the agent died before the prctl: orphaned
+        os._exit(1)
+
+
 @dataclass
 class Child:
     """A supervised component process with its log file."""

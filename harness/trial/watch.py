@@ -68,6 +68,17 @@ def component_args(
     )  # fmt: skip
 
 
+def under_torchrun(args: list[str], ranks: int) -> list[str]:
+    """`python -m harness.cli learner ...` as `ranks` torchrun processes on this machine (as is
+    for one rank). `--standalone`: a rendezvous on a free local port, so trials running side
+    by side never share one."""
+    if ranks == 1:
+        return args
+    python, *module_args = args
+    torchrun = [python, "-m", "torch.distributed.run", "--standalone"]
+    return [*torchrun, "--nproc_per_node", str(ranks), *module_args]
+
+
 def storage_step(what: str, step: Callable[..., None], *args: object) -> None:
     """A sync with the bucket; an unreachable store fails the trial in one line (resumable)."""
     try:
@@ -99,7 +110,9 @@ def supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
     config_path = paths.resolved_config
     env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id, **launch.sync.component_env()}
-    learner_args = component_args("learner", config_path, spec, paths, steps)
+    learner_args = under_torchrun(
+        component_args("learner", config_path, spec, paths, steps), cfg.executor.learner_ranks
+    )
     learner = launch.launcher.child("learner", learner_args + (["--resume"] if resume else []),
                     paths.component_log("learner"), env)  # fmt: skip
     generators = [

@@ -27,7 +27,7 @@ from learner.config.equivalence import (
     warn_equivalent_arms,
     warn_single_update,
 )
-from learner.config.shared import LearnerConfig
+from learner.config.shared import LearnerConfig, group_split_problem
 
 __all__ = [
     "ARM_MODELS",
@@ -47,6 +47,7 @@ __all__ = [
     "SAPOArm",
     "arm_model",
     "default_options",
+    "group_split_problem",
     "make_arm",
     "objective_names",
     "objective_of",

@@ -16,6 +16,15 @@ from pydantic import (
 
 from learner.vocabulary import LRSchedule, OldLogprobs
 
+_LEFT_OUT_AT_DEFAULT: dict[str, object] = {
+    "parallel": "ddp",
+    "dtype": "float32",
+    "activation_checkpointing": False,
+    "cpu_offload": False,
+}
+"""Scale options a config leaves at their default are left out of its dump, so configs from
+before they existed keep their hash."""
+
 
 class LearnerConfig(BaseModel):
     """Optimisation settings shared by every arm, so arms differ only in their objective."""
@@ -97,6 +106,36 @@ class LearnerConfig(BaseModel):
         "151,936 entries a chunk of 1024 positions holds 0.62 GB of float32 logits.",
     )
 
+    parallel: Literal["ddp", "fsdp"] = Field(
+        default="ddp",
+        description="How the learner's ranks share the models. `ddp`: every rank holds the "
+        "whole policy, critic, reference and optimizer state (DistributedDataParallel). "
+        "`fsdp`: FSDP2 (`fully_shard` on each decoder block and the root of policy, critic and "
+        "reference): parameters, gradients and AdamW state are split over the ranks, so a rank "
+        "holds 1/N of them; checkpoints are sharded (torch.distributed.checkpoint) and resume "
+        "at another number of ranks. A single process under `fsdp` forms a group of one.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        default="float32",
+        description="Compute precision. `bfloat16` (needs parallel=fsdp): FSDP2's "
+        "MixedPrecisionPolicy runs forward and backward in bf16 and keeps float32 master "
+        "weights, optimizer state and gradient reductions; log-probabilities, ratios and losses "
+        "are float32, and weight versions are published in bf16. The gap to the generators' "
+        "log-probs this adds shows in mismatch/kl_behavior.",
+    )
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each decoder block's activations in backward instead of keeping "
+        "them (policy and critic): activation memory of one block instead of all, for about "
+        "one more forward's compute. Same gradients up to float rounding.",
+    )
+    cpu_offload: bool = Field(
+        default=False,
+        description="parallel=fsdp on cuda: keep the sharded parameters, gradients and "
+        "optimizer state in CPU memory (FSDP2 CPUOffloadPolicy; the optimizer steps on the "
+        "CPU). Trades step time for GPU memory.",
+    )
+
     @model_serializer(mode="wrap")
     def _dump_set_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         """Options left unset are left out of the dump, so they change no existing config's
@@ -104,6 +143,9 @@ class LearnerConfig(BaseModel):
         data = handler(self)
         for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
             if data.get(name, 0) is None:
+                del data[name]
+        for name, default in _LEFT_OUT_AT_DEFAULT.items():
+            if name in data and data[name] == default:
                 del data[name]
         return data
 
@@ -115,9 +157,38 @@ class LearnerConfig(BaseModel):
                 f"learner.reward_range={list(self.reward_range)} must be two finite numbers "
                 "[low, high] with low < high, e.g. [-1e4, 1e4]"
             )
+        if self.dtype == "bfloat16" and self.parallel != "fsdp":
+            raise ValueError(
+                "learner.dtype=bfloat16 needs learner.parallel=fsdp: FSDP2's "
+                "MixedPrecisionPolicy is what keeps float32 master weights and reductions"
+            )
+        if self.cpu_offload and (self.parallel != "fsdp" or self.device != "cuda"):
+            raise ValueError(
+                "learner.cpu_offload=true needs learner.parallel=fsdp and learner.device=cuda: "
+                "it moves FSDP's shards from GPU memory to CPU memory (on the CPU they are there "
+                "already)"
+            )
         if self.minibatches > self.prompts_per_step:
             raise ValueError(
                 f"learner.minibatches={self.minibatches} exceeds learner.prompts_per_step="
                 f"{self.prompts_per_step}; each minibatch needs at least one group"
             )
         return self
+
+
+def group_split_problem(n_groups: int, minibatches: int, world_size: int) -> str | None:
+    """Why `world_size` data-parallel ranks cannot each train whole groups of every minibatch
+    of `n_groups` groups in `minibatches` minibatches (sized as `torch.tensor_split` sizes
+    them: the first n % m one larger), or None when they can."""
+    base, extra = divmod(n_groups, minibatches)
+    sizes = [base + (k < extra) for k in range(minibatches)]
+    if not any(size % world_size for size in sizes):
+        return None
+    per_step = minibatches * world_size
+    return (
+        f"learner.prompts_per_step={n_groups} in learner.minibatches={minibatches} gives "
+        f"minibatches of {sizes} groups, which {world_size} data-parallel ranks cannot split "
+        f"into whole groups; make learner.prompts_per_step a multiple of learner.minibatches "
+        f"x world size (e.g. {per_step * max(1, n_groups // per_step)}) "
+        f"or change the number of learner ranks"
+    )

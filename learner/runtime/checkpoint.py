@@ -21,6 +21,14 @@ per-step files of steps <= the checkpoint's (metrics and eval parts, ledger file
 to the trial directory, `learner.runtime.metrics_log.step_records`), which the learner flushed
 before saving; the checkpoint vouches for them.
 
+Sharded (`learner.parallel=fsdp`): the models and optimisers are not in `state.pt` but in
+`step-NNNNNN/shards/`, written by every rank together with torch.distributed.checkpoint
+(`learner.runtime.sharded_checkpoint`); `state.pt` keeps the schedulers, RNG states and training
+state, and the manifest lists the shard files too, so a damaged shard makes the checkpoint not
+intact like a damaged `state.pt`. Every rank scans and verifies the same directories, so all pick
+the same checkpoint; loading reshards to the resumed learner's number of ranks. A sharded
+checkpoint cannot be loaded by an unsharded learner or the other way round (one line).
+
 Resuming: `latest.json` is a hint, not the record. `load` scans the `step-*` directories newest
 first, skips each one whose manifest is missing or invalid or whose files are missing or differ
 from their digests (saying why, one line each), and loads the newest intact one (saying which).
@@ -57,6 +65,8 @@ import numpy as np
 import torch
 
 from contract.step_tables import fsync_dir
+from learner.runtime import sharded_checkpoint
+from learner.runtime.distributed import SINGLE, DistContext, barrier
 
 STATE_FILE = "state.pt"
 MANIFEST = "manifest.json"
@@ -134,13 +144,32 @@ class CheckpointStore:
         """The step of the newest intact checkpoint (verified against its manifest), or None."""
         return next((step for step in self.steps() if self._problem(step) is None), None)
 
-    def save(self, state: TrainingState, modules: dict[str, Any]) -> Path:
-        """Write modules' state dicts (models, optimisers, schedulers) and `state` for a step."""
+    def save(
+        self, state: TrainingState, modules: dict[str, Any], dist: DistContext = SINGLE
+    ) -> Path:
+        """Write modules' state dicts (models, optimisers, schedulers) and `state` for a step.
+
+        Sharded modules (FSDP, `learner.runtime.sharding`): every rank calls this together and
+        writes its shards (`sharded_checkpoint`); rank 0 alone writes the rest and the seal.
+        Otherwise rank 0 alone calls it.
+        """
         final = self.root / f"step-{state.step:06d}"
         tmp = self.root / f".tmp-step-{state.step:06d}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        payload = {name: module.state_dict() for name, module in modules.items()}
+        sharded = sharded_checkpoint.is_sharded_payload(modules)
+        if dist.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        payload: dict[str, Any] = {}
+        if sharded:
+            barrier(dist)  # the directory exists before any rank writes into it
+            sharded_checkpoint.save_shards(modules, tmp / sharded_checkpoint.SHARDS_DIR)
+            barrier(dist)  # every rank's shards are written
+            payload = sharded_checkpoint.unsharded_state(modules)
+        else:
+            payload = {name: module.state_dict() for name, module in modules.items()}
+        if not dist.is_main:
+            barrier(dist)  # rank 0 seals the checkpoint
+            return final
         payload["rng"] = capture_rng()
         payload["training_state"] = {
             "step": state.step,
@@ -155,8 +184,14 @@ class CheckpointStore:
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         fsync_dir(self.root)
-        state_file = final / STATE_FILE
-        files = {STATE_FILE: {"sha256": _sha256(state_file), "bytes": state_file.stat().st_size}}
+        files = {
+            path.relative_to(final).as_posix(): {
+                "sha256": _sha256(path),
+                "bytes": path.stat().st_size,
+            }
+            for path in sorted(final.rglob("*"))
+            if path.is_file()
+        }
         records = self.records(state.step) if self.records is not None else {}
         manifest = {
             "format": MANIFEST_FORMAT,
@@ -170,6 +205,8 @@ class CheckpointStore:
         _write_json_atomic(final / MANIFEST, manifest)  # the seal: last in the directory
         _write_json_atomic(self.root / "latest.json", {"step": state.step, "dir": final.name})
         self._prune(state.step)
+        if sharded:
+            barrier(dist)
         return final
 
     def load(
@@ -196,8 +233,21 @@ class CheckpointStore:
             )
         say(f"resuming from checkpoint {self._dir(step).name}{self._pointer_note(step)}")
         payload = torch.load(self._dir(step) / STATE_FILE, weights_only=True)
-        for name, module in modules.items():
-            module.load_state_dict(payload[name])
+        shards = self._dir(step) / sharded_checkpoint.SHARDS_DIR
+        sharded = sharded_checkpoint.is_sharded_payload(modules)
+        if sharded != shards.is_dir():
+            kinds = ("sharded (learner.parallel=fsdp)", "whole (learner.parallel=ddp)")
+            raise ResumeError(
+                f"checkpoint {self._dir(step).name} is {kinds[not shards.is_dir()]}, this "
+                f"learner's models are {kinds[not sharded]}; resume with the learner.parallel "
+                "the trial ran with"
+            )
+        if sharded:  # every rank together; the shards are resharded to this world size
+            sharded_checkpoint.load_shards(modules, shards)
+            sharded_checkpoint.load_unsharded_state(modules, payload)
+        else:
+            for name, module in modules.items():
+                module.load_state_dict(payload[name])
         restore_rng(payload["rng"])
         return TrainingState(**payload["training_state"])
 
@@ -296,9 +346,13 @@ class CheckpointStore:
 
 
 def _fsync_dir(path: Path) -> None:
-    for child in path.iterdir():
-        with child.open("rb") as handle:
-            os.fsync(handle.fileno())
+    """fsync every file under `path`, then every directory (deepest first)."""
+    for child in path.rglob("*"):
+        if child.is_file():
+            with child.open("rb") as handle:
+                os.fsync(handle.fileno())
+    for directory in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
+        fsync_dir(directory)
     fsync_dir(path)
 
 

@@ -3,14 +3,16 @@
 Only rank 0 talks to Redis; it collates each step's batch and sends it to every rank with plain
 tensor broadcasts (a shape header, then each field). Nothing is pickled: no rank ever unpickles
 bytes that came over the network. Every rank then holds the same batch, trains its share of each
-minibatch under DistributedDataParallel, and stays in lockstep with the others through that
-broadcast. With WORLD_SIZE unset or 1 nothing here starts a process group and every function is a
-no-op, so single-process runs are unchanged bit for bit.
+minibatch under DistributedDataParallel (or FSDP2, `learner.runtime.sharding`), and stays in
+lockstep with the others through that broadcast. With WORLD_SIZE unset or 1 nothing here starts
+a process group (but for FSDP's group of one) and every function is a no-op, so single-process
+runs are unchanged bit for bit.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -58,13 +60,20 @@ class DistContext:
 SINGLE = DistContext()
 
 
-def init_distributed(device: str) -> DistContext:
+def init_distributed(device: str, *, group_of_one: bool = False) -> DistContext:
     """Join torchrun's process group (WORLD_SIZE, RANK, LOCAL_RANK); single-process without it.
 
-    NCCL on cuda (after pinning this process to GPU LOCAL_RANK), gloo on cpu.
+    NCCL on cuda (after pinning this process to GPU LOCAL_RANK), gloo on cpu. `group_of_one`: a
+    single process still forms a process group of one (FSDP2 shards over a device mesh even at
+    one rank, `learner.parallel=fsdp`); everything else here stays a no-op at one rank.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
+        if group_of_one and not torch_dist.is_initialized():
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+            backend = "nccl" if device == "cuda" else "gloo"
+            torch_dist.init_process_group(backend, rank=0, world_size=1)
         return SINGLE
     ctx = DistContext(int(os.environ["RANK"]), world_size, int(os.environ["LOCAL_RANK"]))
     backend = "gloo"
@@ -83,9 +92,16 @@ def barrier(ctx: DistContext) -> None:
 
 def shutdown(ctx: DistContext) -> None:
     """Leave the process group once every rank got here (no rank exits mid-collective)."""
-    if ctx.world_size > 1 and torch_dist.is_initialized():
-        torch_dist.barrier()
+    if torch_dist.is_initialized():
+        if ctx.world_size > 1:
+            torch_dist.barrier()
         torch_dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def unwrap(module: nn.Module) -> nn.Module:

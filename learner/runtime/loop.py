@@ -10,7 +10,10 @@ reproducible), and a group is never trained twice across commits.
 
 Data-parallel (`torchrun`, `learner.runtime.distributed`): rank 0 alone takes, publishes, evaluates,
 logs and commits; it broadcasts each batch, which keeps the other ranks in lockstep, and every
-rank trains its share of it and loads the checkpoint on resume.
+rank trains its share of it and loads the checkpoint on resume. Sharded (`learner.parallel=fsdp`),
+every rank also takes part in gathering each version's full weights (`PublishedWeights`) and in
+writing each checkpoint's shards; the collectives run in the same order on every rank: batch
+broadcast, training, gather, checkpoint.
 """
 
 from __future__ import annotations
@@ -55,9 +58,10 @@ from learner.runtime.intake import (
 )
 from learner.runtime.metrics_log import GroupLedger, MetricsLog, step_records
 from learner.runtime.models import build_step_models, checkpoint_modules, wrap_ddp
+from learner.runtime.published import PublishedWeights
 from learner.runtime.staleness_accounting import GroupTiming, group_timing, staleness_metrics
 from learner.runtime.step import DivergenceError, StepModels, check_group_split, train_on_batch
-from learner.runtime.step_io import StepWriter, weight_snapshot
+from learner.runtime.step_io import StepWriter
 
 SPIKE_WINDOW = 20
 
@@ -159,6 +163,7 @@ def run_learner(
     models: StepModels = build_step_models(task.model_dir, task.arm, cfg, total_steps)
     modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval use these
     train_models = wrap_ddp(models, dist)
+    published = PublishedWeights(models, cfg, task.model_dir, dist)
     checkpoints = CheckpointStore(
         TrialPaths(task.trial_dir).checkpoints, records=partial(step_records, task.trial_dir)
     )
@@ -173,6 +178,7 @@ def run_learner(
         # The newest intact checkpoint (latest.json is a hint); nothing is deleted until it is
         # loaded and the step files it vouches for are checked (else one-line ResumeError).
         state = checkpoints.load(modules, say=partial(print, flush=True) if dist.is_main else None)
+        published.forget_initial()
         if dist.is_main:
             checkpoints.verify_records(state.step, task.trial_dir)
             settle_resumed_commits(buffer, state, f"checkpoint step-{state.step:06d}")
@@ -183,18 +189,18 @@ def run_learner(
         # No checkpoint ever completed: start from the initial weights. A resumed learner killed
         # before its first checkpoint may already have published v0 and later versions; it
         # redoes those steps like any resume (publish_unless_done), its uncommitted groups are
-        # still pending.
+        # still pending. (Sharded: the other ranks gathered v0 with rank 0, `PublishedWeights`.)
         if resume:
             settle_resumed_commits(buffer, state, "the initial weights (no checkpoint)")
         metrics_log.truncate_after(-1)
         evals_log.truncate_after(-1)
         ledger.truncate_after(-1)
-        location = weights.write(0, models.policy.module, config_dir=task.model_dir)
+        location = weights.write(0, published.initial(), config_dir=task.model_dir)
         if resume:
             publish_unless_done(versions, 0, location)
         else:
             versions.publish(0, location)  # a fresh run's registry is empty: anything else is a bug
-        pass_rate = _evaluate(evaluate, models.policy.module, 0, evals_log)
+        pass_rate = _evaluate(evaluate, published.eval_model(), 0, evals_log)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     trained = set(state.trained_group_ids)
     rules = _intake_rules(task, model_limits(models.policy.module.config))
@@ -218,7 +224,8 @@ def run_learner(
                 # fails at once too, then the trial ends with that line.
                 state.refused_slots = {**state.refused_slots, exc.group_id: str(exc)}
                 step_io.drain()
-                _commit(checkpoints, state, modules, buffer, uncommitted)
+                if not (published.sharded and dist.world_size > 1):  # else a collective save
+                    _commit(checkpoints, state, modules, buffer, uncommitted)  # others can't join
                 if dist.world_size > 1:
                     raise  # the other ranks wait in the batch broadcast: end them all
                 return _refused_outcome(state, metrics)
@@ -246,10 +253,13 @@ def run_learner(
                 return LearnerOutcome(TrialStatus.DIVERGED, state.step, reason, metrics)
             state.step = step + 1
             state.updates += cfg.ppo_epochs * cfg.minibatches
-            if not dist.is_main:
-                continue  # rank 0 alone publishes, evaluates, commits and logs
             t_publish = time.perf_counter()  # the snapshot; writing it overlaps the next step
-            snapshot = weight_snapshot(models.policy.module)
+            snapshot = published.snapshot()  # sharded: every rank gathers, rank 0 keeps it
+            checkpoint_due = state.step % cfg.checkpoint_every == 0 or state.step == total_steps
+            if not dist.is_main:
+                if published.sharded and checkpoint_due:
+                    checkpoints.save(state, modules, dist)  # this rank's shards
+                continue  # rank 0 alone publishes, evaluates, commits and logs
             step_io.submit(
                 partial(
                     publish_weights,
@@ -282,7 +292,7 @@ def run_learner(
             if state.step % cfg.eval_every == 0 or state.step == total_steps:
                 t_eval = time.perf_counter()
                 metrics[M.EVAL_PASS_RATE] = _evaluate(
-                    evaluate, models.policy.module, state.step, evals_log
+                    evaluate, published.eval_model(snapshot), state.step, evals_log
                 )
                 metrics[M.PERF_EVAL_S] = time.perf_counter() - t_eval
             if checkpoint_s is not None:  # the previous checkpoint's, see contract.metrics
@@ -290,12 +300,12 @@ def run_learner(
             rows = [_provenance(d, t) for d, t in zip(deliveries, timings, strict=True)]
             step_io.submit(partial(metrics_log.append, state.step, time.time(), dict(metrics)))
             step_io.submit(partial(ledger.record, state.step, rows))
-            if state.step % cfg.checkpoint_every == 0 or state.step == total_steps:
+            if checkpoint_due:
                 t_checkpoint = time.perf_counter()
                 # A checkpoint claims steps <= this one: their weights, metric rows and ledger
                 # must be on disk first (a resume truncates only what is newer).
                 step_io.drain()
-                _commit(checkpoints, state, modules, buffer, uncommitted)
+                _commit(checkpoints, state, modules, buffer, uncommitted, dist=dist)
                 checkpoint_s = time.perf_counter() - t_checkpoint
             if on_step is not None:
                 on_step(state.step, metrics)
@@ -455,10 +465,12 @@ def _commit(
     modules: dict[str, object],
     buffer: RolloutSource,
     uncommitted: list[Delivery],
+    *,
+    dist: DistContext = SINGLE,
 ) -> None:
     """Checkpoint first, then mark trained and ack: a kill in between only causes a retrain
     that the checkpoint's trained ids already exclude."""
-    checkpoints.save(state, modules)
+    checkpoints.save(state, modules, dist)
     if uncommitted:
         buffer.commit(uncommitted)  # marks trained and acks in one MULTI
         uncommitted.clear()

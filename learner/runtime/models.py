@@ -14,6 +14,7 @@ from learner.config import ArmBase, LearnerConfig
 from learner.runtime.distributed import DistContext
 from learner.runtime.dropout import disable_dropout
 from learner.runtime.schedule import lr_multiplier
+from learner.runtime.sharding import enable_activation_checkpointing, is_sharded, shard
 from learner.runtime.step import Optimised, StepModels
 from learner.runtime.value_model import ValueModel
 
@@ -42,16 +43,27 @@ def _optimised(module: nn.Module, lr: float, cfg: LearnerConfig, total_updates: 
 def build_step_models(
     model_dir: Path, arm: ArmBase, cfg: LearnerConfig, total_steps: int
 ) -> StepModels:
-    """Every arm starts from the same weights file; PPO adds a critic, beta > 0 a reference."""
+    """Every arm starts from the same weights file; PPO adds a critic, beta > 0 a reference.
+
+    `learner.activation_checkpointing` recomputes each block's activations in backward (policy
+    and critic); `learner.parallel=fsdp` shards policy, critic and reference with FSDP2
+    (`learner.runtime.sharding`) before the optimisers are made, so AdamW holds (and steps) only
+    this rank's shards. FSDP needs a process group: join it first (`init_distributed`).
+    """
     policy = load_causal_lm(model_dir, cfg.device)
     policy.train()
     total_updates = total_steps * cfg.ppo_epochs * cfg.minibatches
-    value = None
-    if arm.needs_value_model:
-        value = _optimised(ValueModel(policy), cfg.value_lr, cfg, total_updates)
-    reference = None
-    if arm.beta > 0:
-        reference = copy.deepcopy(policy).eval().requires_grad_(False)
+    critic = ValueModel(policy) if arm.needs_value_model else None
+    reference = copy.deepcopy(policy).eval().requires_grad_(False) if arm.beta > 0 else None
+    if cfg.activation_checkpointing:
+        for module in (policy, critic):
+            if module is not None:
+                enable_activation_checkpointing(module)
+    if cfg.parallel == "fsdp":
+        for module in (policy, critic, reference):
+            if module is not None:
+                shard(module, cfg)
+    value = _optimised(critic, cfg.value_lr, cfg, total_updates) if critic is not None else None
     return StepModels(_optimised(policy, cfg.lr, cfg, total_updates), value, reference)
 
 
@@ -75,7 +87,7 @@ def wrap_ddp(models: StepModels, dist: DistContext) -> StepModels:
     """The same models with policy and critic in DistributedDataParallel (gradients averaged over
     ranks in backward); `models` itself when single-process. Optimisers keep the same parameters,
     and state dicts, eval and the weight store keep using the unwrapped `models`."""
-    if dist.world_size == 1:
+    if dist.world_size == 1 or is_sharded(models.policy.module):  # FSDP syncs on its own
         return models
 
     def ddp(opt: Optimised) -> Optimised:

@@ -39,7 +39,7 @@ from learner.algorithms.objectives import (
     value_loss,
 )
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
-from learner.config import ArmBase, GroupArm, LearnerConfig
+from learner.config import ArmBase, GroupArm, LearnerConfig, group_split_problem
 from learner.runtime.distributed import (
     SINGLE,
     DistContext,
@@ -121,17 +121,10 @@ def loss_units(arm: ArmBase) -> LossUnits:
 
 def check_group_split(n_groups: int, minibatches: int, world_size: int) -> None:
     """Each rank trains whole groups of every minibatch, so each minibatch's group count must be
-    a multiple of the world size."""
-    sizes = [len(g) for g in torch.arange(n_groups).tensor_split(minibatches)]
-    if any(size % world_size for size in sizes):
-        per_step = minibatches * world_size
-        raise ValueError(
-            f"learner.prompts_per_step={n_groups} in learner.minibatches={minibatches} gives "
-            f"minibatches of {sizes} groups, which {world_size} data-parallel ranks cannot split "
-            f"into whole groups; make learner.prompts_per_step a multiple of learner.minibatches "
-            f"x world size (e.g. {per_step * max(1, n_groups // per_step)}) "
-            f"or change --nproc_per_node"
-        )
+    a multiple of the world size (`learner.config.group_split_problem`)."""
+    problem = group_split_problem(n_groups, minibatches, world_size)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def _group_slices(n_groups: int, group_size: int, minibatches: int) -> list[Tensor]:
@@ -256,7 +249,16 @@ class MinibatchUpdates:
                 logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
                 # `selected`: the tokens the parts trained on (Clip-Cov, KL-Cov)
                 _, stats = self._policy_loss(logprobs, whole, selected=selected)
+                share_loss, _ = self._policy_loss(logprobs, whole, totals=totals, selected=selected)
+            stats["loss"] = self._minibatch_loss(share_loss)
         return grad_norm, stats
+
+    def _minibatch_loss(self, share_loss: Tensor) -> float:
+        """The logged loss of a data-parallel minibatch: this rank's share of it (its terms over
+        the whole minibatch's totals) x the world size, so that the mean over ranks
+        (`all_reduce_stats`) is the sum of the shares, the minibatch's loss exactly as one
+        process computes it. The other stats are the share's own, averaged over ranks."""
+        return float(share_loss) * self.dist.world_size
 
     def _policy_loss(
         self,
@@ -316,6 +318,10 @@ class MinibatchUpdates:
                 _, stats = value_loss(
                     values, whole.old_values, whole.returns, whole.mask, clip=clip
                 )
+                share_loss, _ = value_loss(
+                    values, whole.old_values, whole.returns, whole.mask, clip=clip, totals=totals
+                )
+            stats["loss"] = self._minibatch_loss(share_loss)
         return stats
 
 

@@ -16,22 +16,26 @@ the minibatch's whatever the grouping.
 Data parallel: every rank holds the whole batch, so each rank plans every rank's share and
 splits its own until all ranks have as many micro-batches as the one with the most: DDP
 broadcasts module buffers (rotary frequencies) in every forward, so the ranks must run equal
-numbers of forwards. Only the last micro-batch's backward all-reduces gradients.
+numbers of forwards (FSDP2 gathers each block's parameters in every forward, so it needs that
+too). Only the last micro-batch's backward all-reduces (DDP) or reduce-scatters (FSDP)
+gradients.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from learner.algorithms.objectives import Stats
 from learner.runtime.distributed import DistContext, all_reduce_sum
+from learner.runtime.sharding import full_tensor
 
 
 class DivergenceError(RuntimeError):
@@ -141,10 +145,22 @@ def _raise_on_every_rank(name: str, bad: float, dist: DistContext) -> None:
 
 
 def _local_grads(module: nn.Module, *, keep: bool) -> contextlib.AbstractContextManager[None]:
-    """DDP's no_sync while `keep` (gradients accumulate locally, no all-reduce); else nothing."""
+    """While `keep`, gradients accumulate locally with no all-reduce (DDP's no_sync) or
+    reduce-scatter (FSDP2's requires_gradient_sync off); else nothing."""
     if keep and isinstance(module, DistributedDataParallel):
         return module.no_sync()
+    if isinstance(module, FSDPModule):
+        return _fsdp_sync(module, sync=not keep)
     return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _fsdp_sync(module: FSDPModule, *, sync: bool) -> Iterator[None]:
+    module.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        module.set_requires_gradient_sync(True)
 
 
 PartLoss = Callable[[MicroBatch], tuple[Tensor, Stats, Tensor]]
@@ -181,7 +197,7 @@ def accumulate(
                 _raise_on_every_rank(f"{what} loss", bad, dist)
             (loss if dist.world_size == 1 else loss * dist.world_size).backward()
         outputs.append(output)
-    grad_norm = torch.nn.utils.clip_grad_norm_(opt.module.parameters(), max_norm)
+    grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(opt.module.parameters(), max_norm))
     check_finite(f"{what} gradient norm", grad_norm)
     opt.optimizer.step()
     opt.scheduler.step()

@@ -32,6 +32,7 @@ class ValueModel(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        values = self.head(hidden.float()).squeeze(-1)  # (B, L)
+        # In the head's own dtype (bf16 compute under FSDP mixed precision), values in float32.
+        values = self.head(hidden.to(self.head.weight.dtype)).float().squeeze(-1)  # (B, L)
         pad = values.new_zeros(values.shape[0], 1)
         return torch.cat([pad, values[:, :-1]], dim=1)  # (B, L) aligned with token positions

@@ -1,0 +1,72 @@
+"""The policy as the generators and the evals see it: full weights of each version.
+
+Unsharded (a single process, or DDP): rank 0's module holds the whole policy; each version's
+snapshot is a CPU copy of its state dict and the evals run on the module itself, as they always
+did.
+
+Sharded (`learner.parallel=fsdp`): no rank holds the whole policy. Every rank takes part in
+gathering each version (`learner.runtime.sharding.gather_full_weights`, one tensor at a time,
+kept by rank 0 in the published dtype: bf16 under `learner.dtype=bfloat16`), and rank 0 runs the
+evals on a plain copy of the model loaded with that gathered version: the evals score exactly
+the weights the generators load. That copy costs rank 0 one unsharded model in float32 on the
+learner device, made at the first eval.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from learner.config import LearnerConfig
+from learner.runtime.distributed import DistContext
+from learner.runtime.models import load_causal_lm
+from learner.runtime.sharding import DTYPES, gather_full_weights, is_sharded
+from learner.runtime.step import StepModels
+from learner.runtime.step_io import weight_snapshot
+
+
+class PublishedWeights:
+    """Snapshots of the policy for the weight store, and the module the evals run on."""
+
+    def __init__(
+        self, models: StepModels, cfg: LearnerConfig, model_dir: Path, dist: DistContext
+    ) -> None:
+        self.policy = models.policy.module
+        self.sharded = is_sharded(self.policy)
+        self.dist = dist
+        self.dtype = DTYPES[cfg.dtype]
+        self.model_dir, self.device = model_dir, cfg.device
+        self._eval_copy: nn.Module | None = None
+        # Sharded: v0 is gathered now, by every rank together (a fresh run publishes it; a
+        # resume drops it unused, `forget_initial`).
+        self._initial = self.snapshot() if self.sharded else None
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """This version's full weights on rank 0's CPU (empty on the other ranks). Sharded:
+        every rank must call it together."""
+        if self.sharded:
+            return gather_full_weights(self.policy, self.dist, self.dtype)
+        return weight_snapshot(self.policy) if self.dist.is_main else {}
+
+    def initial(self) -> nn.Module | dict[str, torch.Tensor]:
+        """What the weight store writes as v0 (rank 0): the module itself, or its gathered
+        weights when sharded."""
+        return self.policy if self._initial is None else self._initial
+
+    def forget_initial(self) -> None:
+        """A resumed learner publishes no v0: free the gathered copy."""
+        self._initial = None
+
+    def eval_model(self, snapshot: dict[str, torch.Tensor] | None = None) -> nn.Module:
+        """The module the evals run on (rank 0): the policy itself, or, sharded, the plain copy
+        loaded with `snapshot` (v0 when None)."""
+        if not self.sharded:
+            return self.policy
+        weights = snapshot if snapshot is not None else self._initial
+        assert weights, "a sharded learner evaluates gathered weights: pass the step's snapshot"
+        if self._eval_copy is None:
+            self._eval_copy = load_causal_lm(self.model_dir, self.device).eval()
+        self._eval_copy.load_state_dict(weights)
+        return self._eval_copy
