@@ -48,7 +48,6 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from contract import metrics as M
 from learner.algorithms.masking import masked_mean
-from learner.runtime.forward import policy_logprobs
 from learner.vocabulary import RoutingReplay
 
 MOE_METRICS = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC)
@@ -332,9 +331,17 @@ class StepRouting:
 
     @torch.no_grad()
     def _own_routing(self) -> Routing:
-        """The policy's own routing of the step's batch, from a no-grad forward without replay."""
+        """The policy's own routing of the step's batch, from a no-grad forward without replay.
+
+        The routers are all it needs: `logits_to_keep=1` has the causal LM project only the
+        last position, so no [tokens, vocabulary] logits are made for it."""
         with capture_routing(self.policy) as recorder:
-            policy_logprobs(self.policy, self.input_ids, self.attention_mask)
+            self.policy(
+                input_ids=self.input_ids,
+                attention_mask=self.attention_mask,
+                use_cache=False,
+                logits_to_keep=1,
+            )
         return recorder.routing(self.batch, self.length)
 
     def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:

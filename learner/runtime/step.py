@@ -14,6 +14,7 @@ loss units; the loss itself is `learner.algorithms.objectives.POLICY_LOSSES[arm.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -199,6 +200,23 @@ def _assemble(outputs: list[Tensor], parts: list[MicroBatch], like: Tensor) -> T
     return whole
 
 
+def _no_grad_pass(
+    score: Callable[[Tensor, Tensor], tuple[Tensor, ...]],
+    ids: Tensor,
+    attn: Tensor,
+    parts: list[MicroBatch],
+) -> tuple[Tensor, ...]:
+    """`score(ids, attn)`'s per-token outputs [B, L] over the step batch, computed part by part
+    (`learner.micro_batch_tokens`) and put back in place; one call on the batch itself when
+    there is one part at the batch's width (no budget), exactly as without micro-batches."""
+    if len(parts) == 1 and parts[0].width is None:
+        return score(ids, attn)
+    outputs = [score(take(ids, part), take(attn, part)) for part in parts]
+    return tuple(
+        _assemble([output[k] for output in outputs], parts, attn) for k in range(len(outputs[0]))
+    )
+
+
 @dataclass(frozen=True)
 class MinibatchUpdates:
     """The policy and critic updates of one step's minibatches, each in micro-batches.
@@ -360,7 +378,10 @@ def train_on_batch(
     share of whole groups of each minibatch; metrics are averaged over ranks. Each rank's share
     may be trained in micro-batches (`learner.micro_batch_tokens`); every loss divides by the
     whole minibatch's totals, so ranks and micro-batches add up to the minibatch's gradient.
-    Log-probs are computed in chunks of `learner.logprob_chunk_tokens` positions when set.
+    The passes without a gradient (pi_old, reference, old values) run in micro-batches of the
+    same budget over the whole batch (but MoE's pi_old pass, whose routing capture is of one
+    forward). Log-probs are computed in chunks of `learner.logprob_chunk_tokens` positions when
+    set.
     """
     policy = unwrap(models.policy.module)  # no-grad passes and MoE hooks skip the DDP wrapper
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
@@ -369,13 +390,28 @@ def train_on_batch(
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
     routing = StepRouting(policy, arm.routing_replay, ids, attn, batch.routed_experts)
     critic = unwrap(models.value.module) if models.value else None
+    lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
+    # The passes without a gradient run in micro-batches of the same budget (every rank the
+    # same ones). MoE's pi_old pass stays whole: its routing capture is of one whole forward.
+    rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
+    every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
+    whole = micro_batches(rows, 0, lengths, None) if routing.active else every_row
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
         with routing.capture_old():
-            learner_lp, entropy = policy_logprobs(policy, ids, attn, sampling, chunk)  # (B, T)
+            learner_lp, entropy = _no_grad_pass(  # (B, T) each
+                lambda i, a: policy_logprobs(policy, i, a, sampling, chunk), ids, attn, whole
+            )
         ref_lp = None
-        if models.reference is not None:
-            ref_lp = policy_logprobs(models.reference, ids, attn, sampling, chunk)[0]
-        old_values = critic(ids, attn) if critic is not None else None
+        if (reference := models.reference) is not None:
+            (ref_lp,) = _no_grad_pass(
+                lambda i, a: policy_logprobs(reference, i, a, sampling, chunk)[:1],
+                ids,
+                attn,
+                every_row,
+            )
+        old_values = None
+        if critic is not None:
+            (old_values,) = _no_grad_pass(lambda i, a: (critic(i, a),), ids, attn, every_row)
     # The arm's off-policy correction (learner.algorithms.corrections): pi_old and the weights.
     correction = arm.correction_for(learner)
     is_weights, offpolicy = correction_weights(
@@ -394,7 +430,6 @@ def train_on_batch(
     n_groups = batch.rewards.shape[0] // group_size
     if dist.world_size > 1:
         check_group_split(n_groups, learner.minibatches, dist.world_size)
-    lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
     for _epoch in range(learner.ppo_epochs):
         for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
             shares = minibatch.reshape(dist.world_size, -1)  # (W, b): each rank's whole groups

@@ -17,20 +17,19 @@ Data parallel: every rank holds the whole batch, so each rank plans every rank's
 splits its own until all ranks have as many micro-batches as the one with the most: DDP
 broadcasts module buffers (rotary frequencies) in every forward, so the ranks must run equal
 numbers of forwards (FSDP2 gathers each block's parameters in every forward, so it needs that
-too). Only the last micro-batch's backward all-reduces (DDP) or reduce-scatters (FSDP)
-gradients.
+too). Under DDP only the last micro-batch's backward all-reduces gradients; under FSDP every
+micro-batch's backward reduce-scatters them (`_local_grads` says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 
 from learner.algorithms.objectives import Stats
@@ -145,22 +144,15 @@ def _raise_on_every_rank(name: str, bad: float, dist: DistContext) -> None:
 
 
 def _local_grads(module: nn.Module, *, keep: bool) -> contextlib.AbstractContextManager[None]:
-    """While `keep`, gradients accumulate locally with no all-reduce (DDP's no_sync) or
-    reduce-scatter (FSDP2's requires_gradient_sync off); else nothing."""
+    """While `keep`, DDP's gradients accumulate locally with no all-reduce (`no_sync`).
+
+    FSDP reduce-scatters after every micro-batch instead: turning its sync off would keep every
+    unit's *unsharded* float32 gradient until the last micro-batch (4 bytes a parameter on
+    every rank, the memory sharding exists to save); synced, each rank accumulates only its
+    shard, at the price of one reduce-scatter per micro-batch."""
     if keep and isinstance(module, DistributedDataParallel):
         return module.no_sync()
-    if isinstance(module, FSDPModule):
-        return _fsdp_sync(module, sync=not keep)
     return contextlib.nullcontext()
-
-
-@contextlib.contextmanager
-def _fsdp_sync(module: FSDPModule, *, sync: bool) -> Iterator[None]:
-    module.set_requires_gradient_sync(sync)
-    try:
-        yield
-    finally:
-        module.set_requires_gradient_sync(True)
 
 
 PartLoss = Callable[[MicroBatch], tuple[Tensor, Stats, Tensor]]
