@@ -91,8 +91,10 @@ class LearnerConfig(BaseModel):
         "counts, so the gradient and the logged stats equal the unsplit minibatch's up to "
         "float rounding (Clip-Cov's draw is seeded by the log-probs' bits, so it may draw "
         "other tokens when a micro-batch rounds one differently). Unset (default): each "
-        "minibatch in one forward/backward. It bounds the activation memory of an update: set "
-        "it to what one forward/backward fits.",
+        "minibatch in one forward/backward. The passes without a gradient (pi_old, reference, "
+        "the critic's old values) run over the step's batch in micro-batches of the same budget "
+        "(but an MoE policy's pi_old pass, whose routing capture is of one forward). It bounds "
+        "the activation memory of an update: set it to what one forward/backward fits.",
     )
     logprob_chunk_tokens: int | None = Field(
         default=None,
