@@ -23,7 +23,7 @@ the last real token's own output predicts nothing that is scored.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
@@ -52,6 +52,17 @@ class RolloutBatch:
     @property
     def batch_size(self) -> int:
         return self.input_ids.shape[0]
+
+    def to(self, device: torch.device | str) -> RolloutBatch:
+        """The batch on `device` (the learner's): `collate` and the rank broadcast build it on
+        the CPU. The batch itself when it is there already."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        moved = {
+            f.name: None if (value := getattr(self, f.name)) is None else value.to(device)
+            for f in fields(self)
+        }
+        return RolloutBatch(**moved)
 
 
 def collate(groups: Sequence[RolloutGroup], pad_id: int) -> RolloutBatch:

@@ -232,6 +232,13 @@ class ExperimentConfig(BaseModel):
                 f"dense (model.arch={self.model.arch}); routing replay needs model.arch=qwen3_moe"
             )
         _check_rollout_routing(self.arms, self.generation.backend)
+        ranks, bundle = self.executor.learner_ranks, self.executor.learner
+        if self.executor.kind == "ray" and self.learner.device == "cuda" and bundle.gpus < ranks:
+            raise ValueError(
+                f"executor.learner_ranks={ranks} with learner.device=cuda runs {ranks} ranks in "
+                f"the learner's Ray bundle, which asks for executor.learner.gpus={bundle.gpus}; "
+                f"set executor.learner.gpus={ranks} (a bundle is one node: the ranks share it)"
+            )
         _check_near_miss(self.model, self.task)
         if self.model.path == "builtin":  # a model directory's context is checked by the CLI
             check_response_fits(

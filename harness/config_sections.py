@@ -320,8 +320,9 @@ class ExecutorConfig(BaseModel):
     learner_ranks: int = Field(
         default=1,
         gt=0,
-        description="kind=local: learner processes of each trial. Above 1 the supervisor starts "
-        "the learner under `torchrun --standalone --nproc_per_node N` on this machine: "
+        description="Learner processes of each trial. Above 1 the learner runs under `torchrun "
+        "--standalone --nproc_per_node N` on one machine (local: the trial's; kind=ray: the "
+        "node of the learner's bundle, which then needs executor.learner.gpus >= N on cuda): "
         "data-parallel ranks (learner.parallel: ddp replicates, fsdp shards), one per GPU on "
         "cuda, CPU processes with gloo on cpu. Each minibatch's groups must divide by it. "
         "Left out of the config hash like the rest of `executor`: an fsdp trial checkpointed "
@@ -360,12 +361,6 @@ class ExecutorConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExecutorConfig:
-        if self.learner_ranks > 1 and self.kind != "local":
-            raise ValueError(
-                f"executor.learner_ranks={self.learner_ranks} needs executor.kind=local: "
-                "with Ray the learner is one actor of one process (a learner bundle of several "
-                "ranks is not supported yet); run several ranks with the local executor"
-            )
         if self.address is not None and self.address.startswith("ray://"):
             raise ValueError(
                 f"executor.address={self.address!r}: Ray Client addresses are not supported; "

@@ -50,7 +50,9 @@ def build_step_models(
     (`learner.runtime.sharding`) before the optimisers are made, so AdamW holds (and steps) only
     this rank's shards. FSDP needs a process group: join it first (`init_distributed`).
     """
-    policy = load_causal_lm(model_dir, cfg.device)
+    # Sharded: built on the CPU, and FSDP moves one unit at a time to the device as it shards
+    # it (`learner.runtime.sharding.shard`): no device ever holds the whole model.
+    policy = load_causal_lm(model_dir, "cpu" if cfg.parallel == "fsdp" else cfg.device)
     policy.train()
     total_updates = total_steps * cfg.ppo_epochs * cfg.minibatches
     critic = ValueModel(policy) if arm.needs_value_model else None

@@ -25,7 +25,9 @@ holds a float32 copy of the whole model beside its shard.
 from __future__ import annotations
 
 import torch
+import torch.distributed as torch_dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
@@ -51,11 +53,17 @@ def decoder_blocks(module: nn.Module) -> list[nn.Module]:
 
 def shard(module: nn.Module, cfg: LearnerConfig) -> nn.Module:
     """`fully_shard` each decoder block, then the root, with the learner's precision (and CPU
-    offload); returns the same module, now an FSDPModule."""
+    offload); returns the same module, now an FSDPModule.
+
+    Give it the module on the CPU: FSDP moves each unit to the learner's device as it shards
+    it, so the device never holds more than the shards done so far and one whole unit (the
+    rest of the model waits in host memory)."""
     mixed = MixedPrecisionPolicy(
         param_dtype=DTYPES[cfg.dtype], reduce_dtype=torch.float32, output_dtype=None
     )
-    options: dict[str, object] = {"mp_policy": mixed}
+    # The learner's device, not FSDP's default (CUDA whenever a GPU is visible).
+    mesh = init_device_mesh(cfg.device, (torch_dist.get_world_size(),))
+    options: dict[str, object] = {"mp_policy": mixed, "mesh": mesh}
     if cfg.cpu_offload:
         options["offload_policy"] = CPUOffloadPolicy()
     for block in decoder_blocks(module):

@@ -200,6 +200,11 @@ def _assemble(outputs: list[Tensor], parts: list[MicroBatch], like: Tensor) -> T
     return whole
 
 
+def _device_of(module: nn.Module) -> torch.device:
+    """Where the module computes (a sharded parameter's local shard lives there too)."""
+    return next(module.parameters()).device
+
+
 def _no_grad_pass(
     score: Callable[[Tensor, Tensor], tuple[Tensor, ...]],
     ids: Tensor,
@@ -384,6 +389,7 @@ def train_on_batch(
     set.
     """
     policy = unwrap(models.policy.module)  # no-grad passes and MoE hooks skip the DDP wrapper
+    batch = batch.to(_device_of(policy))  # collated (and broadcast) on the CPU
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     chunk = learner.logprob_chunk_tokens
     acc: dict[str, list[float]] = {}

@@ -109,3 +109,18 @@ def test_collate_matches_loop_reference(seed: int) -> None:
 def test_collate_refuses_an_empty_batch() -> None:
     with pytest.raises(ValueError, match="at least one group"):
         collate([], pad_id=0)
+
+
+def test_a_batch_moves_to_the_learner_device_whole() -> None:
+    """The learner trains on its device (`train_on_batch` moves the CPU-collated batch): every
+    tensor goes, dtypes and values kept; on the device it is on already, nothing is copied."""
+    batch = collate([_group([11], [[21, 22]], [[-0.1, -0.2]], [1.0], ["stop"], version=0)], PAD)
+    assert batch.to("cpu") is batch
+    moved = batch.to("meta")  # a device without storage: only placement and dtype exist
+    for name in vars(batch):
+        before, after = getattr(batch, name), getattr(moved, name)
+        if before is None:
+            assert after is None, name
+            continue
+        assert after.device.type == "meta" and after.dtype == before.dtype, name
+        assert after.shape == before.shape, name

@@ -52,8 +52,9 @@ def test_a_set_scale_option_is_part_of_the_hash_and_the_ranks_are_not() -> None:
             r"learner\.minibatches=2 gives minibatches of \[8, 8\] groups",
         ),
         (
-            ["executor.kind=ray", "executor.learner_ranks=2"],
-            r"executor\.learner_ranks=2 needs executor\.kind=local",
+            ["executor.kind=ray", "executor.learner_ranks=2", "learner.device=cuda"],
+            r"executor\.learner_ranks=2 with learner\.device=cuda runs 2 ranks in the "
+            r"learner's Ray bundle, which asks for executor\.learner\.gpus=0\.0",
         ),
         (["learner.parallel=zero3"], r"learner\.parallel"),
     ],
