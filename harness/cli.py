@@ -115,6 +115,77 @@ def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     console.print(f"# config hash: {resolved.config_hash()}", style="dim")
 
 
+@app.command()
+def plan(
+    config: ConfigArg,
+    gpu_memory: Annotated[
+        str,
+        typer.Option(
+            "--gpu-memory",
+            help="Memory of each GPU with its unit: 80GB (10^9 bytes), 80GiB, 81920MiB.",
+            show_default=False,
+        ),
+    ],
+    gpus: Annotated[
+        int, typer.Option("--gpus", min=1, help="GPUs the learner runs on (its ranks).")
+    ] = 1,
+    model_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--model-config",
+            help="A Hugging Face config.json to plan for instead of model.path's (a model "
+            "that is not downloaded, e.g. configs/model_configs/qwen2.5-7b.json).",
+            show_default=False,
+        ),
+    ] = None,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(
+            "--prompt-tokens",
+            min=1,
+            help="Longest prompt in tokens; default: the built-in model's context less "
+            "max_new_tokens, else 256.",
+            show_default=False,
+        ),
+    ] = None,
+    headroom: Annotated[
+        float,
+        typer.Option(
+            "--headroom",
+            min=0.0,
+            max=0.9,
+            help="Share of each GPU kept free (CUDA context, NCCL, allocator fragmentation).",
+        ),
+    ] = 0.1,
+    overrides: OverridesArg = None,
+) -> None:
+    """Estimate a learner step's memory per GPU for the config's most demanding arm."""
+    from harness.planning.plan import parse_size, plan_experiment
+    from harness.planning.render import describe, table, verdict
+
+    cfg = load_or_exit(config, overrides)
+    try:
+        memory = parse_size(gpu_memory, "--gpu-memory")
+        result = plan_experiment(
+            cfg,
+            gpus=gpus,
+            gpu_memory=memory,
+            headroom=headroom,
+            model_config=model_config,
+            prompt_tokens=prompt_tokens,
+        )
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+    for line in describe(result, gpu_memory):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(table(result))
+    style = "green" if result.fits else "bold red"
+    lines = verdict(result, gpu_memory, headroom)
+    console.print(lines[0], style=style, highlight=False, soft_wrap=True)
+    for line in lines[1:] + [f"note: {note}" for note in result.notes]:
+        console.print(line, highlight=False, soft_wrap=True)
+
+
 @data_app.command("gsm8k-format")
 def data_gsm8k_format(
     out: Annotated[Path, typer.Argument(help="Parquet file to write.")],

@@ -9,7 +9,9 @@ already in step from one listing, without a manifest.
 Push order is oldest modification first: writers in this project finish their data before the
 file that points at it (a checkpoint's tensors before `latest.json`, a step's metrics before its
 checkpoint), so a reader of the remote never sees a pointer to something not yet uploaded.
-Hidden names (`.tmp-*`, `.supervisor.lock`, partial downloads) are never synced.
+Hidden names (`.tmp-*`, `.supervisor.lock`, partial downloads) are never synced, but for
+`.metadata`: torch.distributed.checkpoint's index of a sharded checkpoint (`step-N/shards/`),
+which that library names so and without which the shards cannot be loaded.
 """
 
 from __future__ import annotations
@@ -23,8 +25,15 @@ from harness.storage.remote_tree import RemoteFile, RemoteTree
 Stat = tuple[int, int]  # (size, mtime_ns)
 
 
+SYNCED_DOTFILES = frozenset({".metadata"})
+
+
+def _hidden_name(name: str) -> bool:
+    return name.startswith(".") and name not in SYNCED_DOTFILES
+
+
 def _hidden(rel: str) -> bool:
-    return any(part.startswith(".") for part in rel.split("/"))
+    return any(_hidden_name(part) for part in rel.split("/"))
 
 
 class Mirror:
@@ -109,9 +118,9 @@ class Mirror:
             return {} if _hidden(rel) else {rel: _stat(start)}
         found: dict[str, Stat] = {}
         for directory, dirs, files in os.walk(start):
-            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            dirs[:] = [d for d in dirs if not _hidden_name(d)]
             for name in files:
-                if name.startswith("."):
+                if _hidden_name(name):
                     continue
                 path = Path(directory) / name
                 rel = path.relative_to(self.local_root).as_posix()

@@ -200,7 +200,8 @@ def run_learner(
             publish_unless_done(versions, 0, location)
         else:
             versions.publish(0, location)  # a fresh run's registry is empty: anything else is a bug
-        pass_rate = _evaluate(evaluate, published.eval_model(), 0, evals_log)
+        with published.eval_model() as model:
+            pass_rate = _evaluate(evaluate, model, 0, evals_log)
         metrics_log.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     trained = set(state.trained_group_ids)
     rules = _intake_rules(task, model_limits(models.policy.module.config))
@@ -291,9 +292,8 @@ def run_learner(
             metrics[M.PERF_WEIGHT_PUBLISH_S] = publish_s
             if state.step % cfg.eval_every == 0 or state.step == total_steps:
                 t_eval = time.perf_counter()
-                metrics[M.EVAL_PASS_RATE] = _evaluate(
-                    evaluate, published.eval_model(snapshot), state.step, evals_log
-                )
+                with published.eval_model(snapshot) as model:
+                    metrics[M.EVAL_PASS_RATE] = _evaluate(evaluate, model, state.step, evals_log)
                 metrics[M.PERF_EVAL_S] = time.perf_counter() - t_eval
             if checkpoint_s is not None:  # the previous checkpoint's, see contract.metrics
                 metrics[M.PERF_CHECKPOINT_S], checkpoint_s = checkpoint_s, None

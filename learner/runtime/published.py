@@ -8,12 +8,15 @@ Sharded (`learner.parallel=fsdp`): no rank holds the whole policy. Every rank ta
 gathering each version (`learner.runtime.sharding.gather_full_weights`, one tensor at a time,
 kept by rank 0 in the published dtype: bf16 under `learner.dtype=bfloat16`), and rank 0 runs the
 evals on a plain copy of the model loaded with that gathered version: the evals score exactly
-the weights the generators load. That copy costs rank 0 one unsharded model in float32 on the
-learner device, made at the first eval.
+the weights the generators load. That copy is in the published dtype and waits in host memory
+between evals; it is on the learner device only while the evals run, so it costs rank 0's GPU
+one unsharded model (in bf16 under bf16) during the evals and nothing during training.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -59,14 +62,20 @@ class PublishedWeights:
         """A resumed learner publishes no v0: free the gathered copy."""
         self._initial = None
 
-    def eval_model(self, snapshot: dict[str, torch.Tensor] | None = None) -> nn.Module:
-        """The module the evals run on (rank 0): the policy itself, or, sharded, the plain copy
-        loaded with `snapshot` (v0 when None)."""
+    @contextmanager
+    def eval_model(self, snapshot: dict[str, torch.Tensor] | None = None) -> Iterator[nn.Module]:
+        """The module the evals run on (rank 0), for the `with` block: the policy itself, or,
+        sharded, the plain copy loaded with `snapshot` (v0 when None), on the learner device
+        until the block ends and back in host memory after."""
         if not self.sharded:
-            return self.policy
+            yield self.policy
+            return
         weights = snapshot if snapshot is not None else self._initial
         assert weights, "a sharded learner evaluates gathered weights: pass the step's snapshot"
         if self._eval_copy is None:
-            self._eval_copy = load_causal_lm(self.model_dir, self.device).eval()
+            self._eval_copy = load_causal_lm(self.model_dir, "cpu").to(self.dtype).eval()
         self._eval_copy.load_state_dict(weights)
-        return self._eval_copy
+        try:
+            yield self._eval_copy.to(self.device)
+        finally:
+            self._eval_copy.to("cpu")

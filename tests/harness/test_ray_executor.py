@@ -287,15 +287,19 @@ def test_ray_with_a_bucket_keeps_each_component_in_its_own_working_copy(
 ) -> None:
     """Output in a bucket: learner (head) and generator (worker) each work in a private copy,
     nothing passes through the driver's disk but what the driver owns, and the metrics equal
-    a local run's. The generator loads every version it uses from the bucket."""
-    local = _write_config(tmp_path / "local.yaml", [*BASE, *ONE_TRIAL])
+    a local run's. The generator loads every version it uses from the bucket. The learner is 2
+    FSDP ranks under torchrun in its bundle (locally too): its sharded checkpoint reaches the
+    bucket, one shard file per rank."""
+    fsdp = [*BASE, *ONE_TRIAL, "learner.parallel=fsdp"]
+    local = _write_config(tmp_path / "local.yaml", [*fsdp, "executor.learner_ranks=2"])
     scratch = tmp_path / "scratch"
     on_ray = _write_config(
         tmp_path / "ray.yaml",
-        [*BASE, *ONE_TRIAL],
+        fsdp,
         executor=_bucket_executor(
             cluster,
             scratch,
+            learner_ranks=2,
             learner={"cpus": 0.5, "resources": {"node_head": 0.01}},
             generator={"cpus": 0.5, "resources": {"node_worker": 0.01}},
         ),
@@ -328,6 +332,8 @@ def test_ray_with_a_bucket_keeps_each_component_in_its_own_working_copy(
     files = bucket.listing()
     assert f"weights/v{STEPS:06d}/_COMPLETE" in files
     assert "checkpoints/latest.json" in files and "logs/generator-0.log" in files
+    shards = f"checkpoints/step-{STEPS:06d}/shards/"
+    assert {f"{shards}.metadata", f"{shards}__0_0.distcp", f"{shards}__1_0.distcp"} <= set(files)
 
 
 def _kill_node(cluster: Cluster, node: Any) -> None:

@@ -116,6 +116,25 @@ def test_hidden_names_are_never_uploaded(tree: RemoteTree, work: Path) -> None:
     assert set(tree.listing()) == {"dir/real.txt"}
 
 
+def test_a_sharded_checkpoint_index_is_synced_both_ways(tree: RemoteTree, work: Path) -> None:
+    """torch.distributed.checkpoint names its index `.metadata`: data, not a temporary, so it
+    travels with the shards (a checkpoint in flight, `.tmp-step-*`, still does not)."""
+    write(work, "checkpoints/step-000002/shards/.metadata", "index", mtime_s=1_700_000_000)
+    write(work, "checkpoints/step-000002/shards/__0_0.distcp", "s0", mtime_s=1_700_000_001)
+    write(work, "checkpoints/.tmp-step-000004/shards/.metadata", "half", mtime_s=1_700_000_002)
+
+    uploaded = Mirror(work, tree).push(["checkpoints"])
+
+    assert uploaded == [
+        "checkpoints/step-000002/shards/.metadata",
+        "checkpoints/step-000002/shards/__0_0.distcp",
+    ]
+    elsewhere = work.parent / "elsewhere"
+    pulled = Mirror(elsewhere, tree).pull(["checkpoints"])
+    assert sorted(pulled) == uploaded
+    assert (elsewhere / "checkpoints/step-000002/shards/.metadata").read_text() == "index"
+
+
 def test_a_prefix_naming_a_hidden_directory_uploads_nothing(tree: RemoteTree, work: Path) -> None:
     """`publish_working_copy` pushes every top-level entry of the driver's copy by name; a
     staging dir there (`.tmp-*`) must stay private like any other hidden name."""

@@ -1,0 +1,461 @@
+"""`harness plan`: parameter counts against transformers, the estimate against a measured step,
+the command line, and FSDP against DDP.
+
+The measured checks run real learner steps (`build_step_models` + `train_on_batch`) of a dense
+and an MoE model in a fresh process and read its resident-memory high-water mark (VmHWM, what
+`ru_maxrss` reports), reset after the models are loaded (`/proc/self/clear_refs`), so the load's
+transient copies are not counted; glibc's mmap threshold is fixed at 64 KiB so freed tensors
+leave the resident set at once instead of staying in malloc's heap. The estimate must be within
+a factor of 2 of the measured increase (it was within 0.91x-1.13x when written, with the
+no-grad passes in micro-batches and FSDP reduce-scattering every micro-batch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from harness.config import load_config
+from harness.config_sections import ModelConfig
+from harness.models.factory import ARCHITECTURES
+from harness.overrides import ConfigError
+from harness.planning.architecture import load_shape
+from harness.planning.memory import (
+    ROUTED_MODEL_TYPES,
+    LearnerSetup,
+    Phase,
+    attention_saved,
+    estimate,
+    logit_bytes,
+    mlp_saved,
+    scoring_passes,
+)
+from harness.planning.plan import builtin_shape, parse_size
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"vocab_size": 100, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+# Hand counts (vocab 100, hidden 16, 4 heads, 2 kv heads, 2 layers; head_dim 4 unless set):
+# qwen2: attention q 16*16+16, k 16*8+8, v 16*8+8, o 16*16 = 800; MLP 3*16*40 = 1920; norms 32;
+#   block 2752, x2 = 5504; embedding 1600 + head 1600 + final norm 16 = 3216; total 8720.
+# qwen3_moe (head_dim 8, layer 1 dense): attention q 16*32, k 16*16, v 16*16, o 32*16, q/k norms
+#   8+8 = 1552; sparse MLP router 4*16 + experts 4*3*16*12 = 2368; dense MLP 1920; blocks
+#   1552+2368+32 + 1552+1920+32 = 7456; root 3216; total 10672.
+# qwen2_moe (tied): attention 800; router 64 + experts 2304 + shared expert 3*16*20 + its gate 16
+#   = 3344; block 4176, x2 = 8352; root 1600 + 16 = 1616; total 9968.
+# mixtral: attention 16*16 + 2*16*8 + 16*16 = 768; router 64 + experts 4*3*16*24 = 4672; block
+#   5472, x2 = 10944; root 3216; total 14160.
+CONFIGS = {
+    "qwen2": (
+        {"model_type": "qwen2", "intermediate_size": 40, "num_hidden_layers": 2},
+        8720,
+    ),
+    "qwen3_moe": (
+        {
+            "model_type": "qwen3_moe",
+            "head_dim": 8,
+            "intermediate_size": 40,
+            "moe_intermediate_size": 12,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 2,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [1],
+        },
+        10672,
+    ),
+    "qwen2_moe": (
+        {
+            "model_type": "qwen2_moe",
+            "intermediate_size": 40,
+            "moe_intermediate_size": 12,
+            "shared_expert_intermediate_size": 20,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 2,
+            "tie_word_embeddings": True,
+        },
+        9968,
+    ),
+    "mixtral": (
+        {
+            "model_type": "mixtral",
+            "intermediate_size": 24,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "num_hidden_layers": 2,
+        },
+        14160,
+    ),
+}
+
+
+def _write_config(directory: Path, extra: dict) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(
+        json.dumps(TINY | {"tie_word_embeddings": False} | extra)
+    )
+    return directory
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_parameter_count_matches_the_hand_count_and_transformers(name: str, tmp_path: Path):
+    extra, hand_count = CONFIGS[name]
+    directory = _write_config(tmp_path / name, extra)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    assert load_shape(directory).parameters() == hand_count
+    assert sum(p.numel() for p in model.parameters()) == hand_count
+
+
+def test_builtin_shape_is_the_model_the_factory_builds():
+    """The shipped MoE study's built-in qwen3_moe, from the config the factory would build."""
+    cfg = load_config(REPO / "configs/moe_gspo_vs_grpo.yaml")
+    shape = builtin_shape(cfg)
+    assert shape.moe is not None and shape.moe.sparse_layers == cfg.model.num_layers
+    make_config, model_class = ARCHITECTURES[cfg.model.arch]
+    model = model_class(make_config(cfg.model, shape.vocab))
+    assert shape.parameters() == sum(p.numel() for p in model.parameters())
+
+
+def test_routed_model_types_are_the_learners_routers():
+    from learner.runtime.moe import ROUTER_TYPES
+
+    modules = {cls.__module__.rsplit(".", 1)[-1].removeprefix("modeling_") for cls in ROUTER_TYPES}
+    assert modules == ROUTED_MODEL_TYPES
+
+
+def test_activation_and_logit_bytes_by_hand(tmp_path: Path):
+    shape = load_shape(_write_config(tmp_path / "q", CONFIGS["qwen2"][0]))
+    # float32, hidden 16, 4 heads of 4: RMSNorm (4 + 4) * 16 = 128, its output 4 * 16 = 64,
+    # q, repeated k and v, SDPA output, o_proj input 5 * 4 * 16 = 320, log-sum-exp 4 * 4 = 16.
+    assert attention_saved(shape, 4) == 128 + 64 + 320 + 16
+    # RMSNorm 128 + output 64 + gate, SiLU, up, product 4 * 4 * 40 = 640.
+    assert mlp_saved(shape, 4, sparse=False) == 128 + 64 + 640
+    # bf16: RMSNorm (4 + 2) * 16 = 96, output 32, 5 * 2 * 16 = 160, log-sum-exp 16.
+    assert attention_saved(shape, 2) == 96 + 32 + 160 + 16
+    setup = LearnerSetup(seq_len=10, logprob_chunk_tokens=4)
+    # 4 chunked positions x 100 entries x (4 float32 logits + 13 bytes of log-prob copies)
+    assert logit_bytes(shape, setup, 50, chunked=True) == 4 * 100 * 17
+    assert logit_bytes(shape, setup, 50, chunked=False) == 50 * 100 * 17
+
+
+def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
+    shape = load_shape(REPO / "configs/model_configs/qwen2.5-0.5b.json")
+    n = 494_032_768  # Qwen2.5-0.5B (tied head), as published
+    assert shape.parameters() == n
+    ddp = estimate(shape, LearnerSetup(gpus=8, parallel="ddp", groups=32, seq_len=1280))
+    fsdp = estimate(shape, LearnerSetup(gpus=8, parallel="fsdp", groups=32, seq_len=1280))
+    # DDP: float32 weights 4n, gradients 4n plus DDP's buckets 4n, AdamW moments 8n per GPU.
+    assert (ddp.update.parameters, ddp.update.gradients, ddp.update.optimizer) == (
+        4 * n,
+        8 * n,
+        8 * n,
+    )
+    # FSDP on 8: each of them / 8 (and no buckets)
+    assert (fsdp.update.parameters, fsdp.update.gradients, fsdp.update.optimizer) == (
+        4 * n / 8,
+        4 * n / 8,
+        8 * n / 8,
+    )
+    assert fsdp.update.activations == ddp.update.activations  # the same rows per rank
+    assert fsdp.peak < ddp.peak
+    # Rank 0's eval copy of the whole policy in the published dtype (float32 here): on the GPU
+    # only in the evals pass, in host memory between evals (FSDP only; DDP evaluates the policy).
+    assert fsdp.update.eval_copy == ddp.update.eval_copy == ddp.scoring.eval_copy == 0
+    assert fsdp.host - ddp.host == 4 * n  # between evals
+    evals = estimate(shape, LearnerSetup(gpus=8, parallel="fsdp", groups=1, seq_len=8))
+    assert evals.scoring_pass == "evals" and evals.scoring.eval_copy == 4 * n
+    # Gathered in bf16: root (tied embedding 151,936 x 896 + final norm 896 = 136,135,552) and
+    # two blocks of 14,912,384 (q/k/v/o 1,835,008 + biases 1,152, MLP 13,074,432, norms
+    # 1,792); backward adds the root's unsharded gradient in bf16 and its float32 copy.
+    root, block = 136_135_552, 14_912_384
+    gathered = 2 * (root + 2 * block) + (2 + 4) * root
+    bf16 = LearnerSetup(gpus=8, parallel="fsdp", dtype="bfloat16", groups=32, seq_len=1280)
+    for micro in (None, 1280):  # one micro-batch, or 64 of one row each
+        setup = LearnerSetup(**(vars(bf16) | {"micro_batch_tokens": micro}))
+        update = estimate(shape, setup).update
+        # Every micro-batch reduce-scatters: only the shard's gradient lasts between them.
+        assert (update.gradients, update.gathered) == (4 * n / 8, gathered)
+
+
+# Tiny float32 qwen2 (CONFIGS): a no-grad forward keeps, per token, one block's working set
+# (residual in and out 2 * 4 * 16, RMSNorm float32 temporaries 2 * 4 * 16, its output 4 * 16
+# = 320, then the MLP's 3 * 4 * 40 = 480 over attention's 5 * 4 * 16 = 320), the final hidden
+# states 4 * 16 = 64 and rotary cos and sin 2 * 4 * 4 = 32: 896 bytes; per row the padding
+# mask and its float32 copy, 10 * 10 * (1 + 4) = 500.
+DENSE_SCORING_TOKEN, DENSE_SCORING_ROW_MASK = 896, 500
+
+
+def test_scoring_passes_run_in_micro_batches_of_the_whole_batch(tmp_path: Path):
+    shape = load_shape(_write_config(tmp_path / "q", CONFIGS["qwen2"][0]))
+    # 2 prompts x 4 = 8 rows of 10 tokens; a budget of 25 tokens is 2 rows.
+    whole = LearnerSetup(groups=2, group_size=4, seq_len=10)
+    split = LearnerSetup(groups=2, group_size=4, seq_len=10, micro_batch_tokens=25)
+    assert (whole.scoring_rows, split.scoring_rows) == (8, 2)
+    for setup, rows in ((whole, 8), (split, 2)):
+        scoring = estimate(shape, setup).scoring
+        tokens = rows * 10
+        assert scoring.activations == tokens * DENSE_SCORING_TOKEN + rows * DENSE_SCORING_ROW_MASK
+        assert scoring.logits == tokens * 100 * (4 + 13)  # float32 logits and their copies
+    # Over 4 minibatches the update's share is 2 rows (one micro-batch at a budget of 80
+    # tokens), but the no-grad passes still see all 8 rows, 8 at a time.
+    share = LearnerSetup(groups=2, group_size=4, seq_len=10, minibatches=2, micro_batch_tokens=80)
+    assert (share.micro_rows, share.scoring_rows) == (4, 8)
+
+
+def test_moe_pi_old_and_routing_forwards_score_the_whole_batch(tmp_path: Path):
+    """Tiny float32 qwen3_moe (CONFIGS: 4 experts, top-2, layer 0 sparse, head_dim 8)."""
+    shape = load_shape(_write_config(tmp_path / "m", CONFIGS["qwen3_moe"][0]))
+    setup = LearnerSetup(groups=2, group_size=4, seq_len=10, micro_batch_tokens=25)
+    # Routing record: 1 sparse layer x (float32 logits 4 x 4 + int64 experts 2 x 8) = 32 bytes
+    # a token, 80 tokens.
+    record = 80 * 32
+    # No-grad working set a token: residual and norm 320, attention 5 * 4 * 32 = 640 (over the
+    # dense MLP's 480 and the sparse one's 3 * 4 * 0 + (4 + 4) * 4 + 8 * 2 * 5 = 112), final
+    # hidden states 64 (128 with the chunked copy), rotary 2 * 4 * 8 = 64; the mask 8 x 500.
+    whole_forward = 80 * (320 + 640 + 64 + 64) + 8 * 500
+    passes = scoring_passes(shape, setup, Phase())
+    assert set(passes) == {"moe_pi_old", "moe_routing"}  # no reference, no critic
+    # pi_old: the whole batch whatever the budget, unchunked float32 logits and copies.
+    assert passes["moe_pi_old"] == Phase(
+        activations=whole_forward, logits=80 * 100 * 17, routing=record
+    )
+    # The routing forward: logits_to_keep=1 (8 rows x 1 x 100 float32), pi_old's record kept.
+    assert passes["moe_routing"] == Phase(
+        activations=whole_forward, logits=8 * 100 * 4, routing=2 * record
+    )
+    chosen = estimate(shape, setup)
+    assert chosen.scoring_pass == "moe_pi_old"
+    assert chosen.update.routing == record  # pi_old's, kept for the updates
+    # A reference runs in micro-batches of 2 rows, beside pi_old's record.
+    with_reference = LearnerSetup(**(vars(setup) | {"reference": True}))
+    micro = scoring_passes(shape, with_reference, Phase())["micro"]
+    assert micro == Phase(
+        activations=20 * (320 + 640 + 64 + 64) + 2 * 500, logits=20 * 100 * 17, routing=record
+    )
+
+
+def test_parse_size_units_and_errors():
+    assert parse_size("80GB", "--gpu-memory") == 80e9
+    assert parse_size("80 GiB", "--gpu-memory") == 80 * 2**30
+    assert parse_size("81920mib", "--gpu-memory") == 80 * 2**30
+    for bad in ("80", "eighty GB", "0GB", "-1GB"):
+        with pytest.raises(ConfigError, match="--gpu-memory"):
+            parse_size(bad, "--gpu-memory")
+
+
+# --- the estimate against a measured step -------------------------------------------------
+
+# The built-in qwen2 and qwen3_moe architectures (harness.models.factory) at hidden 128, 4
+# layers (qwen3_moe: 8 experts of width 128, top-2), with the 32,000 entries of the built-in
+# mistral-v1 tokenizer, so logits weigh as they do in a real model; 8 groups of 8 random rows
+# (tests.learner.tiny.random_groups, at most 9 tokens).
+MEASURED_MODELS = {
+    "qwen2": ModelConfig(
+        tokenizer="mistral-v1",
+        hidden_size=128,
+        intermediate_size=512,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+    ),
+    "qwen3_moe": ModelConfig(
+        arch="qwen3_moe",
+        tokenizer="mistral-v1",
+        hidden_size=128,
+        intermediate_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        num_experts=8,
+        experts_per_token=2,
+    ),
+}
+MEASURED_VOCAB = 32_000
+GROUPS = 8
+# name: (micro_batch_tokens, logprob_chunk_tokens, minibatches), per architecture. 36 tokens
+# are 4 rows of 9; 144 tokens 16 rows, one minibatch's whole share at 4 minibatches, so there
+# only the passes without gradient are split (16 rows at a time of the batch's 64).
+SETTINGS = {
+    "qwen2": {
+        "whole": (None, None, 1),
+        "micro": (36, None, 1),
+        "chunked": (None, 64, 1),
+        "split_scoring": (144, None, 4),
+    },
+    "qwen3_moe": {
+        "micro": (36, None, 1),
+        "micro_chunked": (36, 64, 1),
+    },
+}
+
+
+def measure_steps(model_dir: str, arch: str) -> None:
+    """Run in a fresh process: two learner steps per setting of `arch`, printing JSON with the
+    rise of resident memory from before the models were built to the step's high-water mark."""
+    import gc
+
+    from buffer.collate import collate
+    from learner.config import LearnerConfig, make_arm
+    from learner.runtime.models import build_step_models
+    from learner.runtime.step import train_on_batch
+    from tests.learner.tiny import random_groups
+
+    torch.set_num_threads(1)
+    batch = collate(random_groups(GROUPS, 8, seed=0), pad_id=0)
+    arm = make_arm(name="g", objective="grpo")
+    result = {"width": int(batch.input_ids.shape[1])}
+    for name, (micro, chunk, minibatches) in SETTINGS[arch].items():
+        cfg = LearnerConfig(
+            prompts_per_step=GROUPS,
+            minibatches=minibatches,
+            micro_batch_tokens=micro,
+            logprob_chunk_tokens=chunk,
+        )
+        gc.collect()
+        before = _status_kib("VmRSS")
+        models = build_step_models(Path(model_dir), arm, cfg, total_steps=2)
+        Path("/proc/self/clear_refs").write_text("5")  # high-water mark := now
+        for version in range(2):  # the second step starts with gradients and AdamW state
+            train_on_batch(
+                models, batch, arm=arm, learner=cfg, group_size=8, max_len=8, version=version
+            )
+        result[name] = (_status_kib("VmHWM") - before) * 1024
+        del models
+    print(json.dumps(result))
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _measure_and_estimate(arch: str, directory: Path) -> tuple[dict, dict]:
+    """(measured, estimated) peak bytes of each of `arch`'s settings."""
+    torch.manual_seed(0)
+    make_config, model_class = ARCHITECTURES[arch]
+    model_class(make_config(MEASURED_MODELS[arch], MEASURED_VOCAB)).save_pretrained(directory)
+    env = os.environ | {"MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1"}
+    code = (
+        "import sys; from tests.harness.test_plan import measure_steps; "
+        "measure_steps(sys.argv[1], sys.argv[2])"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(directory), arch],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    measured = json.loads(run.stdout.strip().splitlines()[-1])
+    shape = load_shape(directory)
+    estimated = {}
+    for name, (micro, chunk, minibatches) in SETTINGS[arch].items():
+        setup = LearnerSetup(
+            groups=GROUPS,
+            group_size=8,
+            minibatches=minibatches,
+            seq_len=measured["width"],
+            micro_batch_tokens=micro,
+            logprob_chunk_tokens=chunk,
+        )
+        estimated[name] = estimate(shape, setup).peak
+        ratio = estimated[name] / measured[name]
+        assert 0.5 <= ratio <= 2.0, (name, estimated[name], measured[name])
+    return measured, estimated
+
+
+needs_proc = pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc"
+)
+
+
+@needs_proc
+def test_estimate_is_within_2x_of_a_measured_step(tmp_path: Path):
+    measured, estimated = _measure_and_estimate("qwen2", tmp_path)
+    # Both agree on what the options do: micro-batches now split the passes without gradient
+    # too (pi_old's whole-batch logits are gone), as do chunked log-probs; with the update's
+    # share in one piece, the budget still splits the no-grad passes' whole batch.
+    for peaks in (measured, estimated):
+        assert peaks["micro"] < 0.5 * peaks["whole"]
+        assert peaks["chunked"] < 0.6 * peaks["whole"]
+        assert peaks["split_scoring"] < 0.7 * peaks["whole"]
+
+
+@needs_proc
+def test_moe_estimate_is_within_2x_of_a_measured_step(tmp_path: Path):
+    """A Qwen3-MoE policy's pi_old forward stays one forward of the whole batch whatever the
+    micro-batch budget (its routing capture), so its unchunked logits make the peak; chunked,
+    they are gone, and the moe/* routing forward (logits_to_keep=1) adds none."""
+    measured, estimated = _measure_and_estimate("qwen3_moe", tmp_path)
+    for peaks in (measured, estimated):
+        assert peaks["micro_chunked"] < 0.6 * peaks["micro"]
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+GPU_CONFIG = "configs/gspo_vs_grpo_gpu.yaml"
+HALF_B = "configs/model_configs/qwen2.5-0.5b.json"
+
+
+def test_plan_prints_a_table_and_a_verdict():
+    fits = harness(
+        "plan",
+        GPU_CONFIG,
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "80GB",
+        "--model-config",
+        HALF_B,
+        "learner.parallel=fsdp",
+        "learner.dtype=bfloat16",
+        "learner.micro_batch_tokens=8192",
+        "learner.logprob_chunk_tokens=1024",
+    )
+    assert fits.returncode == 0, fits.stderr
+    for text in ("memory per GPU (GiB)", "parameters", "activations", "total", "fits: peak"):
+        assert text in fits.stdout
+    assert "arm: gspo" in fits.stdout  # all three arms are equal: the first is named
+    assert "eval copy (rank 0)" in fits.stdout  # FSDP: rank 0's copy for the evals, a note
+    # The shipped settings (DDP, float32, no micro-batches, full logits) on one GPU do not fit:
+    # the scoring forwards' logits of all 327,680 tokens; a micro-batch budget splits them.
+    too_big = harness("plan", GPU_CONFIG, "--gpu-memory", "80GB", "--model-config", HALF_B)
+    assert too_big.returncode == 0, too_big.stderr
+    assert "does not fit" in too_big.stdout and "learner.micro_batch_tokens=" in too_big.stdout
+    assert "eval copy" not in too_big.stdout  # DDP evaluates the policy itself
+
+
+def test_plan_errors_are_one_line_naming_the_option():
+    bad = harness("plan", GPU_CONFIG, "--gpu-memory", "80", "--model-config", HALF_B)
+    assert bad.returncode == 2
+    assert "--gpu-memory" in bad.stderr and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+    # model.path of the shipped config is not on this machine: --model-config is named
+    missing = harness("plan", GPU_CONFIG, "--gpu-memory", "80GB")
+    assert missing.returncode == 2 and "--model-config" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
