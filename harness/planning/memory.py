@@ -387,7 +387,6 @@ def scoring_passes(
 def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
     """Both peaks of a step on one rank (module docstring)."""
     state, host = persistent(shape, setup)
-    host += eval_copy(shape, setup)  # rank 0, between evals
     micro_tokens = setup.micro_rows * setup.seq_len
     update = replace(
         state,

@@ -15,7 +15,6 @@ a float32 generator.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -31,7 +30,7 @@ from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models, checkpoint_modules
 from learner.runtime.sharding import gather_full_weights, is_sharded
 from learner.runtime.step import StepModels, train_on_batch
-from tests.learner.test_distributed import GROUP_SIZE, N_GROUPS, _batch
+from tests.learner.test_distributed import GROUP_SIZE, N_GROUPS, _batch, _free_port
 from tests.learner.tiny import save_tiny_policy
 
 WORLD, STEPS = 2, 3
@@ -158,12 +157,6 @@ def _train_once(models: StepModels, cfg: LearnerConfig, dist: DistContext, versi
         models, _batch(), arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8,
         version=version, dist=dist,
     )  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
