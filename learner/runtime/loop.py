@@ -214,6 +214,12 @@ def run_learner(
         while state.step < total_steps:
             step = state.step
             t_wait = time.perf_counter()
+            if task.lag == 0 and dist.is_main:
+                # Batch `step` is sampled by the version the previous step just handed to the
+                # writer: nothing can arrive before that write is done, so waiting for it here
+                # costs nothing, and a write that failed (a full disk) ends the run now instead
+                # of after the take times out waiting for groups that can never come.
+                step_io.drain()
             try:
                 deliveries, dropped = (
                     _take(buffer, task, step, trained, rules=rules, total_steps=total_steps)
