@@ -87,7 +87,8 @@ def _step(models, batch: RolloutBatch, name: str, dist: DistContext | None = Non
     )
 
 
-def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
+def join_cpu_rank(rank: int, port: int) -> DistContext:
+    """In a spawned process: join the WORLD-rank gloo group as torchrun would, one thread."""
     os.environ |= {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -96,7 +97,11 @@ def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
         "LOCAL_RANK": str(rank),
     }
     torch.set_num_threads(1)
-    dist = init_distributed("cpu")
+    return init_distributed("cpu")
+
+
+def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
+    dist = join_cpu_rank(rank, port)
     try:
         batch = broadcast_batch(_batch() if dist.is_main else None, dist)
         if rank == 1:

@@ -14,7 +14,6 @@ a float32 generator.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,22 @@ from buffer.collate import RolloutBatch
 from learner.algorithms.masking import LOSS_AGGREGATIONS
 from learner.config import ArmBase, LearnerConfig, make_arm
 from learner.runtime.checkpoint import CheckpointStore, TrainingState
-from learner.runtime.distributed import DistContext, barrier, init_distributed, shutdown
+from learner.runtime.distributed import DistContext, barrier, shutdown
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models, checkpoint_modules
 from learner.runtime.sharding import gather_full_weights, is_sharded
 from learner.runtime.step import StepModels, train_on_batch
-from tests.learner.test_distributed import GROUP_SIZE, N_GROUPS, _batch, _free_port
+from tests.learner.test_distributed import (
+    GROUP_SIZE,
+    N_GROUPS,
+    WORLD,
+    _batch,
+    _free_port,
+    join_cpu_rank,
+)
 from tests.learner.tiny import save_tiny_policy
 
-WORLD, STEPS = 2, 3
+STEPS = 3
 SCALE = {"micro_batch_tokens": 12, "logprob_chunk_tokens": 5, "activation_checkpointing": True}
 CASES: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "gspo": ({"objective": "gspo"}, {}),
@@ -79,15 +85,7 @@ def _train(models: StepModels, batch: RolloutBatch, name: str, cfg: LearnerConfi
 
 
 def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
-    os.environ |= {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(WORLD),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-    }
-    torch.set_num_threads(1)
-    dist = init_distributed("cpu")
+    dist = join_cpu_rank(rank, port)
     try:
         for name in CASES:
             _sharded_case(model_dir, name, dist, out)
