@@ -255,6 +255,17 @@ class RunKeys:
         return self._key("tickets:owners")
 
     @property
+    def ticket_extra_requested(self) -> str:
+        """Sorted set of extra-round tickets a learner asked for and no generator claimed yet
+        (dynamic sampling, `buffer.tickets.request_round`); score = the ticket."""
+        return self._key("tickets:extra:requested")
+
+    @property
+    def ticket_extra_issued(self) -> str:
+        """Set of extra-round tickets ever issued: a repeated request never issues one twice."""
+        return self._key("tickets:extra:issued")
+
+    @property
     def ticket_lease_ms(self) -> str:
         """Lease length (ms) the dispenser uses; read by the push script to renew leases."""
         return self._key("tickets:lease_ms")

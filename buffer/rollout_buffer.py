@@ -10,7 +10,9 @@ Depth = stream length: settled entries are deleted (XACK + XDEL), so the stream 
 unconsumed plus the read-but-unacked groups. Producers block while depth >= max_depth and fail
 with BufferFullError after push_timeout_s; nothing is ever trimmed.
 
-Fixed staleness (`take_batch`) returns the groups of one batch index whatever their arrival order.
+Fixed staleness (`take_batch`) returns the groups of one batch index whatever their arrival order
+(or of one extra round of a batch, keyed by `buffer.tickets.draw_key`; the floor below which
+late groups are dropped compares batches, so a round never makes its own batch late).
 A group its `accept` check refuses is dead-lettered before it is stashed or held, so it never takes
 a real group's place; if the refused copy is the one the outbox admitted under its id, no other
 copy of that id can be pushed, and a take that needs it raises SlotRefusedError at once instead of
@@ -37,7 +39,7 @@ from buffer.inbox import Delivery, Inbox, settle
 from buffer.outbox import BufferFullError, Outbox, group_digest
 from buffer.schema import RolloutGroup
 from buffer.telemetry import DROPPED_STALE, Telemetry
-from buffer.tickets import request_stop, stop_requested
+from buffer.tickets import TicketDispenser, draw_batch, request_stop, stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +88,7 @@ class _ConsumerState:
     inbox: Inbox
     stash: dict[int, dict[str, Delivery]] = field(default_factory=dict)  # fixed: batch -> group
     taken: dict[int, list[Delivery]] = field(default_factory=dict)  # fixed: returned, unsettled
-    floor: int = 0  # fixed: highest batch index requested so far
+    floor: int = 0  # fixed: highest batch index requested so far (draw keys: their batch)
     refused: dict[str, str] = field(default_factory=dict)  # fixed: id -> reason, admitted copy
     ready: deque[Delivery] = field(default_factory=deque)  # bounded: read, not yet returned
 
@@ -172,7 +174,7 @@ class RolloutBuffer:
         state = self._state(consumer)
         if batch_index in state.taken:
             return list(state.taken[batch_index])
-        state.floor = max(state.floor, batch_index)
+        state.floor = max(state.floor, draw_batch(batch_index))
         self._drop_late(state)
         check = None if accept is None else self._recording_refusals(state, accept)
         deadline = time.monotonic() + timeout_s
@@ -237,6 +239,15 @@ class RolloutBuffer:
             if stale:
                 state.inbox.drop(stale, DROPPED_STALE)
         return TakeResult(chosen, stale)
+
+    def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:
+        """Fixed mode, dynamic sampling: ask the run's generators for extra round `round_index`
+        of batch `batch_index` (`TicketDispenser.request_round`; idempotent). Its groups arrive
+        under the draw key `buffer.tickets.draw_key(batch, round)` and are taken like a batch:
+        `take_batch(draw_key(batch, round), prompts_per_step, ...)`."""
+        return TicketDispenser(self._client, self.run_id).request_round(
+            batch_index, round_index, prompts_per_step
+        )
 
     def commit(self, deliveries: Iterable[Delivery]) -> None:
         """After the step is committed: mark the groups trained and ack them, in one MULTI."""
@@ -356,7 +367,7 @@ class RolloutBuffer:
 
     def _stash(self, state: _ConsumerState, delivery: Delivery) -> None:
         batch = delivery.batch_index
-        if batch < state.floor or batch in state.taken:
+        if draw_batch(batch) < state.floor or batch in state.taken:
             log.warning(
                 "run %s: group %s arrived for batch %d after it was taken; dropped",
                 self.run_id, delivery.group.group_id, batch,
@@ -366,7 +377,7 @@ class RolloutBuffer:
         state.stash.setdefault(batch, {})[delivery.group.group_id] = delivery
 
     def _drop_late(self, state: _ConsumerState) -> None:
-        late = [b for b in state.stash if b < state.floor]
+        late = [b for b in state.stash if draw_batch(b) < state.floor]
         for batch in late:
             state.inbox.drop(list(state.stash.pop(batch).values()), DROPPED_STALE)
 

@@ -43,7 +43,18 @@ from buffer.outbox import BufferFullError
 from buffer.rollout_buffer import Check, RolloutBuffer, SlotRefusedError, TakeResult
 from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
-from buffer.tickets import TicketDispenser, admission_limit, fixed_policy_version, ticket_batch
+from buffer.tickets import (
+    TicketDispenser,
+    admission_limit,
+    draw_batch,
+    draw_key,
+    draw_round,
+    fixed_policy_version,
+    round_tickets,
+    ticket_batch,
+    ticket_draw,
+    ticket_round,
+)
 from buffer.versions import VersionRegistry
 
 if TYPE_CHECKING:
@@ -74,11 +85,17 @@ __all__ = [
     "admission_limit",
     "connect",
     "decode_group",
+    "draw_batch",
+    "draw_key",
+    "draw_round",
     "encode_group",
     "fixed_policy_version",
     "make_group_id",
     "redact",
+    "round_tickets",
     "ticket_batch",
+    "ticket_draw",
+    "ticket_round",
 ]
 
 
@@ -128,6 +145,11 @@ class RolloutSource(Protocol):
         accept: Check | None = None,
     ) -> TakeResult:
         """Bounded staleness: the next groups in arrival order with lag <= max_lag."""
+        ...
+
+    def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:
+        """Fixed mode, dynamic sampling: ask the generators for extra round `round_index` of
+        batch `batch_index` (taken as `take_batch(draw_key(batch, round), ...)`); idempotent."""
         ...
 
     def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:

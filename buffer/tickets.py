@@ -10,6 +10,17 @@ pushes, the duplicate is harmless: consumers dedupe by group id.
 Admission control is the `limit` a generator passes to `claim`: a new ticket is only issued while
 t < limit, so production is paced instead of generating groups that would be dropped later
 (dropping and re-queueing late groups would bias training toward short responses).
+
+Extra rounds (DAPO's dynamic sampling, fixed mode): when a batch has too few informative groups
+the learner asks for round r >= 1 of batch k (`request_round`): P more tickets, numbered
+r * ROUND_SPAN + k * P + slot. The round sits above bit 40 so that round 0 is exactly the
+plain ticket space above (an arm without dynamic sampling issues the same tickets, prompts and
+sampling seeds as before), extra tickets never collide with any batch's, and the ticket stays
+the group's prompt index, so group ids, prompts and seeds remain pure functions of (seed, batch,
+round, slot). Requested extra tickets are claimed before new round-0 tickets (the learner is
+waiting for them) and are issued at most once, however often the learner repeats the request
+(a resumed learner redoes its steps and asks again). In the buffer a round is a draw of its own
+(`draw_key`), taken like a batch.
 """
 
 from __future__ import annotations
@@ -20,6 +31,10 @@ from buffer.connection import RunKeys
 
 DEFAULT_LEASE_S = 120.0
 
+ROUND_SHIFT = 40
+ROUND_SPAN = 1 << ROUND_SHIFT  # room for 2**40 round-0 tickets (batches x prompts per step)
+MAX_EXTRA_ROUNDS = 63  # keeps every ticket below 1e14: exact in Redis Lua's doubles and strings
+
 LUA_NOW_MS = """
 local function now_ms()
   local t = redis.call('TIME')
@@ -27,24 +42,40 @@ local function now_ms()
 end
 """
 
-# KEYS: next, leases, owners, lease_ms, stop. ARGV: generator, limit, lease_ms.
+# KEYS: next, leases, owners, lease_ms, stop, extra_requested, extra_issued.
+# ARGV: generator, limit, lease_ms, round_span.
 # Returns the ticket, -1 when a stop was requested, -2 when nothing may be issued yet.
+# Order: an expired lease (lowest batch first), a requested extra-round ticket, a new round-0
+# ticket. `limit` bounds the round-0 position (ticket mod round_span) of all three. Members stay
+# the strings they were written as (a Lua number turned back into a string may not round-trip).
 _CLAIM = (
     LUA_NOW_MS
     + """
 if redis.call('EXISTS', KEYS[5]) == 1 then return -1 end
 local now = now_ms()
 local limit = tonumber(ARGV[2])
+local span = tonumber(ARGV[4])
 redis.call('SET', KEYS[4], ARGV[3])
-local best = nil
+local best, best_n = nil, nil
 for _, t in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)) do
   local n = tonumber(t)
-  if n < limit and (best == nil or n < best) then best = n end
+  if n % span < limit and (best == nil or n % span < best_n % span
+      or (n % span == best_n % span and n < best_n)) then
+    best, best_n = t, n
+  end
+end
+if best == nil then
+  local extra = redis.call('ZRANGE', KEYS[6], 0, 0)
+  if #extra == 1 and tonumber(extra[1]) % span < limit then
+    best = extra[1]
+    redis.call('ZREM', KEYS[6], best)
+    redis.call('SADD', KEYS[7], best)
+  end
 end
 if best == nil then
   local nxt = tonumber(redis.call('GET', KEYS[1]) or '0')
   if nxt >= limit then return -2 end
-  best = nxt
+  best = tostring(nxt)
   redis.call('SET', KEYS[1], nxt + 1)
 end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), best)
@@ -52,6 +83,17 @@ redis.call('HSET', KEYS[3], best, ARGV[1])
 return best
 """
 )
+
+# KEYS: extra_requested, extra_issued. ARGV: tickets... Returns how many were newly requested.
+_REQUEST = """
+local added = 0
+for i = 1, #ARGV do
+  if redis.call('SISMEMBER', KEYS[2], ARGV[i]) == 0 then
+    added = added + redis.call('ZADD', KEYS[1], 'NX', tonumber(ARGV[i]), ARGV[i])
+  end
+end
+return added
+"""
 
 # KEYS: leases, owners. ARGV: generator, lease_ms, tickets... Returns how many were renewed.
 _RENEW = (
@@ -99,7 +141,48 @@ def admission_limit(version: int, lag: int, prompts_per_step: int) -> int:
 
 def ticket_batch(ticket: int, prompts_per_step: int) -> int:
     """The batch (learner step) ticket t belongs to; t itself is the prompt index."""
-    return ticket // prompts_per_step
+    return (ticket % ROUND_SPAN) // prompts_per_step
+
+
+def ticket_round(ticket: int) -> int:
+    """The generation round of ticket t: 0 for every batch's own prompts, r >= 1 for the
+    extra rounds dynamic sampling asks for."""
+    return ticket // ROUND_SPAN
+
+
+def round_tickets(batch_index: int, round_index: int, prompts_per_step: int) -> list[int]:
+    """The tickets (= prompt indices) of round `round_index` of batch `batch_index`."""
+    if not 0 <= round_index <= MAX_EXTRA_ROUNDS or batch_index < 0 or prompts_per_step <= 0:
+        raise ValueError(
+            f"round_tickets(batch={batch_index}, round={round_index}, prompts_per_step="
+            f"{prompts_per_step}): need batch >= 0, 0 <= round <= {MAX_EXTRA_ROUNDS}, "
+            "prompts_per_step > 0"
+        )
+    first = round_index * ROUND_SPAN + batch_index * prompts_per_step
+    if (batch_index + 1) * prompts_per_step > ROUND_SPAN:
+        raise ValueError(f"batch {batch_index} x {prompts_per_step} prompts exceeds 2**40 tickets")
+    return list(range(first, first + prompts_per_step))
+
+
+def draw_key(batch_index: int, round_index: int) -> int:
+    """The buffer's key for one round of one batch: the batch itself for round 0, so a trial
+    without extra rounds pushes and takes exactly by batch index."""
+    return round_index * ROUND_SPAN + batch_index
+
+
+def draw_batch(key: int) -> int:
+    """The batch a draw key belongs to (what staleness and the learner's floor compare)."""
+    return key % ROUND_SPAN
+
+
+def draw_round(key: int) -> int:
+    return key // ROUND_SPAN
+
+
+def ticket_draw(ticket: int, prompts_per_step: int) -> int:
+    """The draw key of ticket t: the groups a generator may make with one version and push as
+    one round (`claim_batch`), and the learner takes together."""
+    return draw_key(ticket_batch(ticket, prompts_per_step), ticket_round(ticket))
 
 
 def fixed_policy_version(batch_index: int, lag: int) -> int:
@@ -119,6 +202,7 @@ class TicketDispenser:
         self._claim = client.register_script(_CLAIM)
         self._renew = client.register_script(_RENEW)
         self._release_owned = client.register_script(_RELEASE_OWNED)
+        self._request = client.register_script(_REQUEST)
 
     def claim(self, generator_id: str, limit: int) -> int | None:
         """The lowest expired-lease ticket below `limit`, else the next new one, else None.
@@ -127,9 +211,29 @@ class TicketDispenser:
         (check `stop_requested`). Atomic (one Lua script), so two generators never get one ticket.
         """
         k = self._keys
-        keys = [k.ticket_next, k.ticket_leases, k.ticket_owners, k.ticket_lease_ms, k.stop]
-        ticket = int(self._claim(keys=keys, args=[generator_id, limit, self._lease_ms]))
+        keys = [
+            k.ticket_next,
+            k.ticket_leases,
+            k.ticket_owners,
+            k.ticket_lease_ms,
+            k.stop,
+            k.ticket_extra_requested,
+            k.ticket_extra_issued,
+        ]
+        args = [generator_id, limit, self._lease_ms, ROUND_SPAN]
+        ticket = int(self._claim(keys=keys, args=args))
         return ticket if ticket >= 0 else None
+
+    def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:
+        """Ask the generators for extra round `round_index` (>= 1) of batch `batch_index`:
+        its tickets are claimed before any new round-0 ticket. Idempotent: a ticket already
+        requested or issued is not requested again (a resumed learner repeats its requests).
+        Returns how many tickets were newly requested."""
+        if round_index < 1:
+            raise ValueError(f"request_round: round {round_index} must be >= 1 (0 is the batch)")
+        tickets = round_tickets(batch_index, round_index, prompts_per_step)
+        keys = [self._keys.ticket_extra_requested, self._keys.ticket_extra_issued]
+        return int(self._request(keys=keys, args=tickets))
 
     def renew(self, generator_id: str, tickets: list[int]) -> int:
         """Extend the leases of `tickets` still held by `generator_id`; returns how many.
@@ -166,12 +270,15 @@ class TicketDispenser:
         return len(leases)
 
     def all_done(self, total: int) -> bool:
-        """Tickets 0..total-1 were all issued and none is still outstanding."""
+        """Tickets 0..total-1 were all issued and none is still outstanding, nor any extra
+        round requested. (With dynamic sampling a learner may still ask for one later: its
+        generators wait for the stop request instead.)"""
         pipe = self._client.pipeline(transaction=True)
         pipe.get(self._keys.ticket_next)
         pipe.zcount(self._keys.ticket_leases, "-inf", "+inf")
-        issued, outstanding = pipe.execute()
-        return int(issued or 0) >= total and outstanding == 0
+        pipe.zcard(self._keys.ticket_extra_requested)
+        issued, outstanding, requested = pipe.execute()
+        return int(issued or 0) >= total and outstanding == 0 and requested == 0
 
     def complete(self, ticket: int) -> None:
         """Retire a ticket without pushing (push(..., ticket=t) already does this atomically)."""
@@ -181,16 +288,27 @@ class TicketDispenser:
         pipe.execute()
 
     def completed(self) -> int:
-        """Tickets pushed (or retired): issued minus outstanding; never decreases."""
+        """Tickets pushed (or retired), extra rounds included: issued minus outstanding; never
+        decreases."""
         pipe = self._client.pipeline(transaction=True)
         pipe.get(self._keys.ticket_next)
+        pipe.scard(self._keys.ticket_extra_issued)
         pipe.zcard(self._keys.ticket_leases)
-        issued, outstanding = pipe.execute()
-        return int(issued or 0) - int(outstanding)
+        issued, extra, outstanding = pipe.execute()
+        return int(issued or 0) + int(extra) - int(outstanding)
 
     def issued(self) -> int:
-        """Distinct tickets ever issued, i.e. groups started (re-issues are not counted twice)."""
-        return int(self._client.get(self._keys.ticket_next) or 0)
+        """Distinct tickets ever issued, i.e. groups started (re-issues are not counted twice;
+        extra rounds' included)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.get(self._keys.ticket_next)
+        pipe.scard(self._keys.ticket_extra_issued)
+        issued, extra = pipe.execute()
+        return int(issued or 0) + int(extra)
+
+    def requested_extra(self) -> list[int]:
+        """Extra-round tickets requested and not yet claimed, lowest first."""
+        return [int(t) for t in self._client.zrange(self._keys.ticket_extra_requested, 0, -1)]
 
     def outstanding(self) -> dict[int, str]:
         """Issued, unfinished tickets and the generator holding each."""

@@ -51,6 +51,16 @@ OPTIM_GRAD_SPIKES: Final = "optim/grad_spikes"
 # learning curves; in fixed mode nothing is dropped, so it is deterministic. 0 at step 0.
 TOKENS_GENERATED: Final = "tokens/generated"
 
+# DAPO's dynamic sampling (arms with `dynamic_sampling_rounds`, learner.runtime.dynamic_sampling):
+# per step, the extra generation rounds it asked for, the groups read and not trained because
+# their rewards all agree (filtered) or because P informative groups were already there
+# (surplus), and the uninformative groups trained to complete the batch when the round cap was
+# reached (filled). All of their tokens are in tokens/generated. Absent for other arms.
+SAMPLING_EXTRA_ROUNDS: Final = "sampling/extra_rounds"
+SAMPLING_GROUPS_FILTERED: Final = "sampling/groups_filtered"
+SAMPLING_GROUPS_SURPLUS: Final = "sampling/groups_surplus"
+SAMPLING_GROUPS_FILLED: Final = "sampling/groups_filled"
+
 LENGTH_MEAN: Final = "length/mean"
 LENGTH_P95: Final = "length/p95"
 LENGTH_TRUNCATED_FRAC: Final = "length/truncated_frac"
@@ -181,6 +191,10 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         OPTIM_LR: "last",  # the schedule's value after the step's last update
         OPTIM_GRAD_SPIKES: "last",  # a running count since the start of the trial
         TOKENS_GENERATED: "sum",  # tokens of every share of the step's groups
+        SAMPLING_EXTRA_ROUNDS: "last",  # measured once per step on rank 0
+        SAMPLING_GROUPS_FILTERED: "last",
+        SAMPLING_GROUPS_SURPLUS: "last",
+        SAMPLING_GROUPS_FILLED: "last",
         LENGTH_MEAN: "mean",
         LENGTH_P95: "max",  # an upper bound: the pooled p95 never exceeds the largest share's
         LENGTH_TRUNCATED_FRAC: "mean",

@@ -259,15 +259,25 @@ class ExperimentConfig(BaseModel):
                 "needs a head size of at least 32: lower model.num_heads or use "
                 "generation.backend=torch"
             )
-        depth_needed = (self.learner.checkpoint_every + max(self.staleness.lags) + 2) * (
-            self.learner.prompts_per_step
-        )
+        rounds = self.dynamic_sampling_rounds()
+        if rounds and self.staleness.mode != "fixed":
+            names = [arm.name for arm in self.arms if _sampling_rounds(arm)]
+            raise ValueError(
+                f"arms {names} set dynamic_sampling_rounds, which needs staleness.mode: fixed "
+                f"(got {self.staleness.mode}): extra rounds are generated for one batch by its "
+                "fixed policy version; set staleness.mode: fixed or remove "
+                "dynamic_sampling_rounds"
+            )
+        # every draw of a step stays unacked until the checkpoint (extra rounds included)
+        draws = self.learner.checkpoint_every * (1 + rounds)
+        depth_needed = (draws + max(self.staleness.lags) + 2) * self.learner.prompts_per_step
         if self.buffer.max_depth < depth_needed:
+            extra = " x (1 + max dynamic_sampling_rounds)" if rounds else ""
             raise ValueError(
                 f"buffer.max_depth={self.buffer.max_depth} is too small: groups stay unacked "
-                "until the next checkpoint, so up to (learner.checkpoint_every + max lag + 2) * "
-                f"learner.prompts_per_step = {depth_needed} may wait; raise buffer.max_depth "
-                "or lower learner.checkpoint_every"
+                f"until the next checkpoint, so up to (learner.checkpoint_every{extra} + max lag "
+                f"+ 2) * learner.prompts_per_step = {depth_needed} may wait; raise "
+                "buffer.max_depth or lower learner.checkpoint_every"
             )
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
         warn_single_update(self.arms, self.learner)  # ratio 1 at every update: no clipping
@@ -289,6 +299,12 @@ class ExperimentConfig(BaseModel):
                 f"buffer.max_message_bytes well above {floor} (the default is 64 MiB)"
             )
         return self
+
+    def dynamic_sampling_rounds(self, arm: str | None = None) -> int:
+        """Extra generation rounds per step of arm `arm` (0: no dynamic sampling), or the most
+        of any arm when `arm` is None."""
+        arms = self.arms if arm is None else [self.arm(arm)]
+        return max((_sampling_rounds(a) for a in arms), default=0)
 
     def arm(self, name: str) -> ArmConfig:
         for arm in self.arms:
@@ -390,6 +406,11 @@ def expand_seed_ranges(value: Any) -> Any:
 
 
 NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
+
+
+def _sampling_rounds(arm: ArmConfig) -> int:
+    """`dynamic_sampling_rounds` of a group-advantage arm; 0 for arms without the setting."""
+    return int(getattr(arm, "dynamic_sampling_rounds", 0))
 
 
 def _check_learner_ranks(arm: str, learner: LearnerConfig, ranks: int) -> None:

@@ -4,7 +4,9 @@ The loop: claim work tickets under the staleness rule, make sure the right polic
 loaded, generate every sample of the claimed prompts in one engine call, score with the task's
 verifier, push one group per prompt. Ticket t is prompt index t of batch t // prompts_per_step,
 so prompts and sampling seeds are a pure function of (seed, batch, prompt, sample): every arm of
-a seed sees the same prompts and the same random numbers (design section 1).
+a seed sees the same prompts and the same random numbers (design section 1). An arm with
+dynamic sampling also gets extra-round tickets its learner asks for (`buffer.tickets`): prompts
+and seeds of their own, generated with the batch's version and pushed as one draw.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from buffer.streams import (
     connect,
     fixed_policy_version,
     ticket_batch,
+    ticket_draw,
 )
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch
 from contract import metrics as M
@@ -151,9 +154,10 @@ def claim_batch(
     carry: list[int],
     most: int,
 ) -> tuple[list[int], list[int]]:
-    """Claim up to `most` tickets (at most one batch's), all of one batch (so, one version).
+    """Claim up to `most` tickets (at most one batch's), all of one draw: one round of one
+    batch (so, one version and one push).
 
-    A ticket of another batch ends the round and is carried to the next one (it stays leased
+    A ticket of another draw ends the round and is carried to the next one (it stays leased
     to this generator), so no claim is ever given back and re-raced.
     """
     claimed = list(carry)
@@ -161,7 +165,7 @@ def claim_batch(
         ticket = tickets.claim(generator_id, limit)
         if ticket is None:
             break
-        if claimed and ticket_batch(ticket, per_step) != ticket_batch(claimed[0], per_step):
+        if claimed and ticket_draw(ticket, per_step) != ticket_draw(claimed[0], per_step):
             return claimed, [ticket]
         claimed.append(ticket)
     return claimed, []
@@ -298,6 +302,7 @@ def _generate(
     stats = GeneratorStats()
     most = cfg.generation.max_prompts_per_call or per_step
     message_limit = cfg.buffer.max_message_bytes
+    extra_rounds = cfg.dynamic_sampling_rounds(spec.arm)
     loaded = 0  # the engine starts on the initial weights, version 0
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
     checked = False
@@ -320,7 +325,9 @@ def _generate(
             tickets, generator_id, limit=limit, per_step=per_step, carry=carry, most=most
         )
         if not claimed:
-            if tickets.all_done(total):
+            # With dynamic sampling the learner may still ask for an extra round of its
+            # last batch: such generators run until the trial's stop request.
+            if tickets.all_done(total) and not extra_rounds:
                 break
             idle_from = time.monotonic()
             with contextlib.suppress(TimeoutError):
@@ -329,7 +336,7 @@ def _generate(
             buffer.report_generator_stats(generator_id, stats.as_metrics())
             continue
         _fault_crash_after_claim(claimed)
-        batch_index = ticket_batch(claimed[0], per_step)
+        batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
         want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
         if want != loaded:
             try:
@@ -342,7 +349,8 @@ def _generate(
             stats.syncs += 1
             loaded = want
         groups = maker.make(claimed, loaded, stats)
-        push_round(buffer, groups, batch_index=batch_index, tickets=claimed, limit=message_limit)
+        draw = ticket_draw(claimed[0], per_step)  # the batch itself for round 0
+        push_round(buffer, groups, batch_index=draw, tickets=claimed, limit=message_limit)
         stats.groups += len(groups)
         buffer.report_generator_stats(generator_id, stats.as_metrics())
     maker.generator.close()

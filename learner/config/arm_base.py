@@ -210,6 +210,18 @@ class GroupArm(ArmBase):
         "the group mean (Dr. GRPO). Read only by adv_estimator: group.",
     )
 
+    dynamic_sampling_rounds: int = Field(
+        default=0,
+        ge=0,
+        le=63,  # buffer.tickets.MAX_EXTRA_ROUNDS (config imports no buffer code)
+        description="DAPO's dynamic sampling (Yu et al. 2025, arXiv:2503.14476, sec. 3.2): "
+        "groups whose rewards all agree (zero advantage) are not trained, and up to this many "
+        "extra rounds of learner.prompts_per_step new prompts are generated per step until it "
+        "has its prompts_per_step informative groups; at the cap the batch is completed with "
+        "the earliest uninformative groups. Every generated group's tokens count in "
+        "tokens/generated. 0 = off. Needs staleness.mode: fixed.",
+    )
+
     @model_validator(mode="after")
     def _check_adv_norm_is_read(self) -> GroupArm:
         if self.adv_estimator != "group" and "adv_norm" in self.model_fields_set:
@@ -222,10 +234,12 @@ class GroupArm(ArmBase):
 
     def dump_omits(self) -> set[str]:
         """Settings this arm does not read under its other settings: `adv_norm` under another
-        estimator, and `adv_estimator` at its default, so that configs written before the
-        field existed keep their dump, hence their config hash."""
+        estimator, and `adv_estimator` and `dynamic_sampling_rounds` at their defaults, so
+        that configs written before those fields existed keep their dump, hence their hash."""
         omitted = super().dump_omits()
         omitted.add("adv_estimator" if self.adv_estimator == "group" else "adv_norm")
+        if self.dynamic_sampling_rounds == 0:  # off: the dump (and hash) of earlier configs
+            omitted.add("dynamic_sampling_rounds")
         return omitted
 
 

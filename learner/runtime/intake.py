@@ -53,7 +53,13 @@ import numpy as np
 
 from buffer.schema import RolloutGroup, make_group_id
 from buffer.streams import Check, Delivery
-from buffer.tickets import fixed_policy_version
+from buffer.tickets import (
+    draw_batch,
+    draw_round,
+    fixed_policy_version,
+    ticket_batch,
+    ticket_round,
+)
 from contract.trial import StalenessMode
 
 
@@ -86,6 +92,7 @@ class IntakeRules:
     reward_range: tuple[float, float]
     limits: ModelLimits
     prompt_ids: Callable[[int], Sequence[int]] | None = None  # prompt index -> its tokens
+    extra_rounds: int = 0  # dynamic sampling: the arm's dynamic_sampling_rounds
 
 
 def refusal(delivery: Delivery, rules: IntakeRules, learner_version: int) -> str | None:
@@ -123,8 +130,17 @@ def shape_problem(group: RolloutGroup, group_size: int) -> str | None:
 
 
 def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: int) -> str | None:
-    """Version, prompt index and id against the batch the entry claims (module docstring)."""
-    group, batch, per_step = delivery.group, delivery.batch_index, rules.prompts_per_step
+    """Version, prompt index and id against the batch (and round) the entry claims (module
+    docstring). An extra round's entry claims `buffer.tickets.draw_key(batch, round)`: its
+    prompt indices are that round's tickets, its version the batch's."""
+    group, key, per_step = delivery.group, delivery.batch_index, rules.prompts_per_step
+    batch, round_index = draw_batch(key), draw_round(key)
+    where = f"batch {batch}" if round_index == 0 else f"batch {batch} round {round_index}"
+    if round_index > rules.extra_rounds:
+        return (
+            f"claims extra round {round_index} of batch {batch}, but the arm's "
+            f"dynamic_sampling_rounds is {rules.extra_rounds}"
+        )
     version = group.policy_version
     if rules.mode == "fixed":
         want_version = fixed_policy_version(batch, rules.lag)
@@ -138,13 +154,11 @@ def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: in
             f"policy_version {version} is newer than the learner's version {learner_version}; "
             "no generator can have its weights"
         )
-    first = batch * per_step
-    if not first <= group.prompt_index < first + per_step:
-        return (
-            f"prompt_index {group.prompt_index} is outside batch {batch}'s "
-            f"[{first}, {first + per_step})"
-        )
-    want_id = make_group_id(rules.seed, batch, group.prompt_index)
+    prompt = group.prompt_index
+    if ticket_batch(prompt, per_step) != batch or ticket_round(prompt) != round_index:
+        first = key - batch + batch * per_step  # the draw's first ticket
+        return f"prompt_index {prompt} is outside {where}'s [{first}, {first + per_step})"
+    want_id = make_group_id(rules.seed, batch, prompt)
     if group.group_id != want_id:
         return f"id should be {want_id!r} for seed {rules.seed}, batch {batch}"
     return None
@@ -211,13 +225,14 @@ _GROUP_ID = re.compile(r"s-?\d+-b(\d+)-p(\d+)")
 
 @dataclass(frozen=True)
 class TrialSlots:
-    """The group ids a fixed-mode trial trains: `make_group_id(seed, k, p)` for each batch
-    k < steps and each of its prompts p. A container (`group_id in slots`), not a set of
-    steps x prompts_per_step ids."""
+    """The group ids a fixed-mode trial trains or may read: `make_group_id(seed, k, p)` for
+    each batch k < steps and each prompt p of its round 0 and of its extra rounds up to
+    `extra_rounds` (dynamic sampling). A container (`group_id in slots`), not a set of ids."""
 
     seed: int
     prompts_per_step: int
     steps: int
+    extra_rounds: int = 0
 
     def __contains__(self, group_id: object) -> bool:
         match = _GROUP_ID.fullmatch(group_id) if isinstance(group_id, str) else None
@@ -226,7 +241,8 @@ class TrialSlots:
         batch, prompt = int(match.group(1)), int(match.group(2))
         return (
             batch < self.steps
-            and prompt // self.prompts_per_step == batch
+            and ticket_batch(prompt, self.prompts_per_step) == batch
+            and ticket_round(prompt) <= self.extra_rounds
             and make_group_id(self.seed, batch, prompt) == group_id
         )
 

@@ -39,6 +39,7 @@ from buffer.streams import (
     TelemetryReader,
     VersionPublisher,
     WeightWriter,
+    draw_key,
 )
 from contract import metrics as M
 from contract.evals import EvalReport
@@ -48,6 +49,7 @@ from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, LearnerConfig
 from learner.runtime.checkpoint import CheckpointStore, ResumeError, TrainingState
 from learner.runtime.distributed import SINGLE, DistContext, broadcast_batch
+from learner.runtime.dynamic_sampling import take_dynamic
 from learner.runtime.evals_log import EvalsLog
 from learner.runtime.intake import (
     IntakeRules,
@@ -120,8 +122,9 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
 
 
 def generated_tokens(groups: list[RolloutGroup]) -> float:
-    """Response tokens of `groups`: tokens/generated, given every group a step read (trained and
-    dropped alike, since dropping does not refund the generation)."""
+    """Response tokens of `groups`: tokens/generated, given every group a step read (trained,
+    dropped as too stale and filtered by dynamic sampling alike: not training a group does not
+    refund its generation)."""
     return float(sum(len(ids) for group in groups for ids in group.response_ids))
 
 
@@ -221,10 +224,10 @@ def run_learner(
                 # of after the take times out waiting for groups that can never come.
                 step_io.drain()
             try:
-                deliveries, dropped = (
+                taken = (
                     _take(buffer, task, step, trained, rules=rules, total_steps=total_steps)
                     if dist.is_main
-                    else ([], [])
+                    else Taken([], [], [])
                 )
             except SlotRefusedError as exc:
                 # Nothing can fill that slot. A checkpoint of this step records why, so a resume
@@ -236,6 +239,7 @@ def run_learner(
                 if dist.world_size > 1:
                     raise  # the other ranks wait in the batch broadcast: end them all
                 return _refused_outcome(state, metrics)
+            deliveries, dropped = taken.trained, taken.dropped
             taken_at = time.time()
             wait_s = time.perf_counter() - t_wait
             t_train = time.perf_counter()
@@ -280,13 +284,16 @@ def run_learner(
             )
             publish_s = time.perf_counter() - t_publish
             train_s = t_publish - t_train + publish_s
-            uncommitted += deliveries
-            trained.update(d.group.group_id for d in deliveries)
+            # Settled at the checkpoint: every group read, trained or filtered (dynamic
+            # sampling), so none is read again; the checkpoint's "trained" ids are these.
+            uncommitted += taken.consumed
+            trained.update(d.group.group_id for d in taken.consumed)
             state.trained_group_ids = sorted(trained)
             timings = [group_timing(d, step, taken_at) for d in deliveries]
-            metrics = group_metrics(groups, step) | result.metrics
+            metrics = group_metrics(groups, step) | result.metrics | taken.sampling_metrics
             metrics |= staleness_metrics(timings, groups, [d.group for d in dropped])
-            metrics[M.TOKENS_GENERATED] = generated_tokens(groups + [d.group for d in dropped])
+            read = [d.group for d in taken.consumed + dropped]
+            metrics[M.TOKENS_GENERATED] = generated_tokens(read)
             grad_norm = metrics[M.OPTIM_GRAD_NORM]
             state.grad_spikes += is_spike(state.grad_norm_history, grad_norm, cfg.grad_spike_factor)
             state.grad_norm_history = [*state.grad_norm_history, grad_norm][-SPIKE_WINDOW:]
@@ -415,7 +422,20 @@ def _intake_rules(task: LearnerTask, limits: ModelLimits) -> IntakeRules:
         reward_range=task.learner.reward_range,
         limits=limits,
         prompt_ids=task.prompt_ids,
+        extra_rounds=int(getattr(task.arm, "dynamic_sampling_rounds", 0)),
     )
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What one step read: the groups it trains, those dropped as too stale (bounded mode;
+    already acked), every group it consumed (trained and, under dynamic sampling, filtered or
+    surplus: settled at the checkpoint) and the dynamic-sampling metrics."""
+
+    trained: list[Delivery]
+    dropped: list[Delivery]
+    consumed: list[Delivery]
+    sampling_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def _take(
@@ -426,36 +446,77 @@ def _take(
     *,
     rules: IntakeRules,
     total_steps: int,
-) -> tuple[list[Delivery], list[Delivery]]:
+) -> Taken:
     """The groups of step `step` under the staleness rule, skipping ones already trained, and
     the groups dropped as too stale meanwhile (bounded mode; already acked by the buffer).
 
     Every group is checked (`learner.runtime.intake`) as it is read, before it can take a slot:
     a refused one goes to the dead letter and the real group still fills its slot. Fixed mode
-    raises SlotRefusedError when a slot the trial needs can never be filled."""
+    raises SlotRefusedError when a slot the trial needs can never be filled. An arm with
+    dynamic sampling reads extra rounds of the batch (`learner.runtime.dynamic_sampling`)."""
     n = task.learner.prompts_per_step
     check = intake_check(rules, learner_version=step)
     dropped: list[Delivery] = []
+    sampling: dict[str, float] = {}
     if task.mode == "fixed":
-        slots = TrialSlots(task.seed, n, total_steps)
-        deliveries = buffer.take_batch(
-            step, n, task.consumer, task.take_timeout_s, accept=check, slots=slots
-        )
+        slots = TrialSlots(task.seed, n, total_steps, rules.extra_rounds)
+
+        def take_round(round_index: int) -> list[Delivery]:
+            key = draw_key(step, round_index)
+            got = buffer.take_batch(
+                key, n, task.consumer, task.take_timeout_s, accept=check, slots=slots
+            )
+            _refuse_retrained(buffer, got, trained, step)
+            return got
+
+        if rules.extra_rounds:
+            selection = take_dynamic(
+                take_round,
+                partial(buffer.request_round, step, prompts_per_step=n),
+                n_groups=n,
+                max_extra_rounds=rules.extra_rounds,
+            )
+            deliveries, consumed = selection.trained, selection.consumed
+            sampling = selection.metrics()
+        else:
+            deliveries = consumed = take_round(0)
     else:
         taken = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s, accept=check)
         deliveries, dropped = taken.deliveries, taken.dropped
+        deliveries = consumed = _fresh(buffer, deliveries, trained, step)
+    # Arrival order must not matter in fixed mode: train in prompt order (round 0 first).
+    deliveries = sorted(deliveries, key=lambda d: (d.group.prompt_index, d.group.group_id))
+    return Taken(deliveries, dropped, consumed, sampling)
+
+
+def _refuse_retrained(
+    buffer: RolloutSource, deliveries: list[Delivery], trained: set[str], step: int
+) -> None:
+    """Fixed mode: a redelivered copy of a committed group means Redis and the checkpoint
+    disagree (a fixed batch is read once); it is acked, then the step fails."""
+    stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
+    if stale_ids:
+        buffer.ack(stale_ids)
+        raise RuntimeError(
+            f"step {step}: the buffer redelivered groups already trained "
+            f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
+        )
+
+
+def _fresh(
+    buffer: RolloutSource, deliveries: list[Delivery], trained: set[str], step: int
+) -> list[Delivery]:
+    """Bounded mode: drop (ack) redelivered copies of committed groups, never retrain them; a
+    take of nothing but such copies means Redis and the checkpoint disagree."""
     fresh = [d for d in deliveries if d.group.group_id not in trained]
     if len(fresh) != len(deliveries):
-        stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
-        buffer.ack(stale_ids)  # redelivered copies of committed groups: drop, never retrain
-        if task.mode == "fixed" or not fresh:
+        buffer.ack([d.entry_id for d in deliveries if d.group.group_id in trained])
+        if not fresh:
             raise RuntimeError(
                 f"step {step}: the buffer redelivered groups already trained "
-                f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
+                f"({len(deliveries)}); the run's Redis state and checkpoint disagree"
             )
-    # Arrival order must not matter in fixed mode: train in prompt order.
-    fresh.sort(key=lambda d: (d.group.prompt_index, d.group.group_id))
-    return fresh, dropped
+    return fresh
 
 
 def _refused_outcome(state: TrainingState, metrics: dict[str, float]) -> LearnerOutcome:

@@ -173,3 +173,46 @@ def test_output_dir_is_a_path_or_a_storage_uri(tmp_path: Path) -> None:
     assert load_config(write(tmp_path, MINIMAL + "output_dir: /shared/runs\n"))
     with pytest.raises(ConfigError, match=r"executor\.sync_interval_s"):
         load_config(write(tmp_path, MINIMAL + "executor: {sync_interval_s: 0}\n"))
+
+
+# ---- dynamic sampling (DAPO): an arm setting with a staleness rule and a buffer depth ----------
+
+DAPO = (
+    "name: t\narms:\n  - {name: grpo, objective: grpo}\n"
+    "  - {name: dapo, objective: grpo, agg: token-mean, dynamic_sampling_rounds: 3}\n"
+)
+
+
+def test_dynamic_sampling_is_an_arm_setting_off_by_default(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, DAPO), ["buffer.max_depth=1024"])
+    assert cfg.dynamic_sampling_rounds("dapo") == 3 and cfg.dynamic_sampling_rounds("grpo") == 0
+    assert cfg.dynamic_sampling_rounds() == 3
+    # off, it is left out of the dump, so configs written before it keep their hash
+    assert "dynamic_sampling_rounds" not in cfg.arm("grpo").model_dump()
+    assert cfg.arm("dapo").model_dump()["dynamic_sampling_rounds"] == 3
+
+
+def test_dynamic_sampling_needs_fixed_mode_and_names_the_arms(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"arms \['dapo'\] set dynamic_sampling_rounds, which "
+                       r"needs staleness.mode: fixed \(got bounded\)"):  # fmt: skip
+        load_config(write(tmp_path, DAPO), ["staleness.mode=bounded"])
+
+
+def test_dynamic_sampling_is_refused_on_an_arm_with_a_critic(tmp_path: Path) -> None:
+    text = "name: t\narms:\n  - {name: ppo, objective: ppo, dynamic_sampling_rounds: 1}\n"
+    with pytest.raises(ConfigError, match="dynamic_sampling_rounds"):
+        load_config(write(tmp_path, text))
+
+
+def test_extra_rounds_raise_the_buffer_depth_a_checkpoint_interval_needs(tmp_path: Path) -> None:
+    # checkpoint_every 10 x (1 + 3 rounds) + lag 0 + 2 = 42 draws of 16 prompts = 672 groups
+    with pytest.raises(ConfigError, match=r"\(learner.checkpoint_every x \(1 \+ max "
+                       r"dynamic_sampling_rounds\) \+ max lag \+ 2\) \* learner.prompts_per_step = 672"):  # fmt: skip
+        load_config(
+            write(tmp_path, DAPO),
+            ["learner.checkpoint_every=10", "learner.prompts_per_step=16", "buffer.max_depth=600"],
+        )
+    load_config(
+        write(tmp_path, DAPO),
+        ["learner.checkpoint_every=10", "learner.prompts_per_step=16", "buffer.max_depth=672"],
+    )
