@@ -42,6 +42,13 @@ LEARNER_OUTCOME: Final = "learner_outcome.json"
 # The experiment directory holds one directory per trial under this name.
 TRIALS_DIR: Final = "trials"
 
+# An experiment with a tuning stage (harness.experiment.tuning) runs it under this directory of
+# the experiment directory (an experiment of its own), and writes there what it selected and the
+# validation score of every tuning trial; the report's Tuning section reads both.
+TUNING_DIR: Final = "tuning"
+TUNING_SELECTION: Final = "selection.json"
+TUNING_SCORES: Final = "tuning_scores.parquet"
+
 # MLflow: a child run's trial files go under this artifact path, laid out as the trial directory;
 # the tag that links a child run to its parent (MLflow's own key, so its UI nests the runs).
 TRIAL_ARTIFACTS: Final = "trial"

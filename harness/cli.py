@@ -84,7 +84,7 @@ def check_inputs(cfg: ExperimentConfig) -> None:
     procedural task's held-out problems are finite); the built-in model is built later, by the
     trial.
     """
-    from harness.tasks.factory import make_task
+    from harness.tasks.factory import held_out_prompts, make_task
 
     try:
         if cfg.model.path != "builtin":
@@ -100,7 +100,7 @@ def check_inputs(cfg: ExperimentConfig) -> None:
             tasks.setdefault(id(task), (f"evals.{name}: ", task))
         for where, task in tasks.values():
             try:
-                make_task(task).eval_prompts(task.eval_size)
+                held_out_prompts(make_task(task), task)
             except ConfigError as exc:
                 raise ConfigError(f"{where}{exc}") from None
     except ConfigError as exc:
@@ -421,7 +421,16 @@ def run(
         check_out(default, "output_dir/name", "harness run", uri_ok=True)
     check_inputs(cfg)
     try:
-        result = run_experiment(cfg, config, out, overrides, max_parallel, steps, console=console)
+        if cfg.tuning is not None:  # tune every arm on an equal budget, then compare
+            from harness.experiment.tuning import run_tuned_experiment
+
+            result = run_tuned_experiment(
+                cfg, config, out, overrides, max_parallel, steps, console=console
+            )
+        else:
+            result = run_experiment(
+                cfg, config, out, overrides, max_parallel, steps, console=console
+            )
     except (
         ConfigError,
         TrialStateError,

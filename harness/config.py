@@ -18,8 +18,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -47,11 +49,13 @@ from harness.config_sections import (
     TaskName,
     VerifierName,
 )
+from harness.config_tuning import TuningConfig
 from harness.overrides import ConfigError, apply_overrides
 from learner.config import (
     ArmConfig,
     LearnerConfig,
     group_split_problem,
+    validate_arm,
     warn_equivalent_arms,
     warn_single_update,
 )
@@ -162,6 +166,28 @@ class ExperimentConfig(BaseModel):
         description="Trials run at once. Each trial already uses a generator and a learner "
         "process, so 1 suits 2 cores.",
     )
+    tuning: TuningConfig | None = Field(
+        default=None,
+        description="A tuning stage before the comparison (harness.config_tuning): every arm "
+        "gets the same budget of configurations on tuning seeds, one is selected per arm on "
+        "a validation eval set, and the selected ones are compared on `seeds`.",
+    )
+    selection: dict[str, Any] | None = Field(
+        default=None,
+        description="Written by `harness run`, not by hand: the final stage's record of what "
+        "the tuning stage selected per arm and why (its configuration, settings and validation "
+        "score). Part of the config hash of the final trials.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_stages(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`tuning` and `selection` unset are left out of the dump, so configs without a tuning
+        stage keep their dump, hence their config hash."""
+        data = handler(self)
+        for name in ("tuning", "selection"):
+            if getattr(self, name) is None:
+                data.pop(name, None)
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -279,6 +305,8 @@ class ExperimentConfig(BaseModel):
                 f"+ 2) * learner.prompts_per_step = {depth_needed} may wait; raise "
                 "buffer.max_depth or lower learner.checkpoint_every"
             )
+        if self.tuning is not None:
+            _check_tuning(self)
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
         warn_single_update(self.arms, self.learner)  # ratio 1 at every update: no clipping
         return self
@@ -406,6 +434,63 @@ def expand_seed_ranges(value: Any) -> Any:
 
 
 NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
+
+
+def _check_tuning(cfg: ExperimentConfig) -> None:
+    """The tuning protocol's rules (harness.config_tuning), each refused naming its field:
+    disjoint seeds, a validation set that is not the test set, one search space per arm and
+    the same budget for all, every configuration a valid arm."""
+    tuning = cfg.tuning
+    assert tuning is not None
+    shared = sorted(set(tuning.seeds) & set(cfg.seeds))
+    if shared:
+        raise ValueError(
+            f"tuning.seeds and seeds share {shared}: a configuration selected on a seed would "
+            "be scored on it again; use disjoint seeds (e.g. tuning.seeds: range(100,103))"
+        )
+    names = [name for name, _ in cfg.eval_sets()]
+    if tuning.validation not in names:
+        raise ValueError(
+            f"tuning.validation={tuning.validation!r} is not an eval set; the eval sets are "
+            f"{names} (add one to `evals`, with task.eval_offset past the test set's prompts)"
+        )
+    if tuning.validation == names[0]:
+        raise ValueError(
+            f"tuning.validation={tuning.validation!r} is the first eval set, the test set the "
+            "final scores come from; select on another set (validation and test must differ)"
+        )
+    arms = [arm.name for arm in cfg.arms]
+    missing = [arm for arm in arms if arm not in tuning.space]
+    unknown = [arm for arm in tuning.space if arm not in arms]
+    if missing or unknown:
+        raise ValueError(
+            f"tuning.space must hold one search space per arm: missing {missing}, not arms "
+            f"{unknown} (arms are {arms}); an arm left at its defaults would get a budget of "
+            "1 against the others' tuning.budget"
+        )
+    for arm in cfg.arms:
+        space = tuning.space[arm.name]
+        size = space.size(tuning.budget)
+        if size != tuning.budget:
+            raise ValueError(
+                f"tuning.space.{arm.name}: its grid has {size} configurations, but "
+                f"tuning.budget is {tuning.budget}; every arm gets the same budget (change "
+                "the grid or the budget)"
+            )
+        for index, settings in enumerate(tuning.configurations(arm.name)):
+            try:
+                validate_arm({**arm.model_dump(mode="json"), **settings})
+            except (ValueError, ValidationError) as exc:
+                raise ValueError(
+                    f"tuning.space.{arm.name} configuration {index} {settings}: {_first_line(exc)}"
+                ) from None
+
+
+def _first_line(exc: Exception) -> str:
+    """A validation error's message without pydantic's header and URL lines."""
+    if isinstance(exc, ValidationError):
+        return "; ".join(str(e["msg"]) for e in exc.errors())
+    return str(exc)
 
 
 def _sampling_rounds(arm: ArmConfig) -> int:

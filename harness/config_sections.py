@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+    model_validator,
+)
 
 from learner.algorithms.sampling_dist import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
 
@@ -170,6 +177,24 @@ class TaskConfig(BaseModel):
         "eval_size prompts of the held-out split. A `file` task without a `split` column holds "
         "out its last eval_size rows.",
     )
+
+    eval_offset: int = Field(
+        default=0,
+        ge=0,
+        description="Skip the first eval_offset held-out prompts: the set is held-out prompts "
+        "[eval_offset, eval_offset + eval_size). A tuning stage's validation set "
+        "(`tuning.validation`) takes the prompts after the test set's, so the two never share "
+        "a problem. The training stream and the held-out split do not depend on it.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_default_offset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """eval_offset 0 is left out of the dump, so configs written before it existed keep
+        their dump, hence their config hash."""
+        data = handler(self)
+        if self.eval_offset == 0:
+            data.pop("eval_offset", None)
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:

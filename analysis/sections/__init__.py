@@ -19,12 +19,14 @@ from analysis.sections import (
     stability,
     staleness,
     trials,
+    tuning,
 )
 from analysis.sections.base import Inputs, Page, Part, Section
 
 SECTIONS: tuple[Section, ...] = (
     findings,  # opens the report, above the overview; reads the rows of `comparisons`
     trials,
+    tuning,  # only with a tuning stage (<exp>/tuning/selection.json)
     eval_aggregates,  # the headline when there are several eval sets
     final_scores,
     eval_sets,

@@ -32,7 +32,7 @@ from harness.generators.torch_backend import TorchGenerator
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.models.warm_start import greedy_eval
 from harness.tasks.base import Prompt, RewardFn
-from harness.tasks.factory import make_rendered_task
+from harness.tasks.factory import held_out_prompts, make_rendered_task
 from harness.tasks.rewards import make_reward_fn
 from learner.algorithms.sampling_dist import SamplingSettings
 
@@ -149,7 +149,7 @@ def make_eval_suite(cfg: ExperimentConfig, model_dir: Path, trial_seed: int) -> 
     sets = [
         EvalSet(
             name,
-            make_rendered_task(task, tokenizer).eval_prompts(task.eval_size),
+            held_out_prompts(make_rendered_task(task, tokenizer), task),
             make_reward_fn(task),
         )
         for name, task in cfg.eval_sets()

@@ -47,6 +47,15 @@ REPORT_DIR = "report"
 WAIT_S = 0.5  # one loop turn: reap, then refresh the display
 
 
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a tuned experiment: its name (`tuning` or `final`) and the tracker whose
+    parent run holds every stage's trials."""
+
+    name: str
+    tracker: Tracker
+
+
 class ExperimentLockedError(RuntimeError):
     """Another `harness run` is using the same output directory."""
 
@@ -226,6 +235,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     kill_grace_s: float = 10.0,
     trial_timeout_s: float | None = None,
     report: bool = True,
+    stage: Stage | None = None,
 ) -> ExperimentResult:
     """Run (or resume) every trial of `cfg`, track it in MLflow and build the report.
 
@@ -233,6 +243,8 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     overrides are handed to each `harness trial` subprocess. `out_dir` defaults to
     `<output_dir>/<name>`, `max_parallel` to `cfg.max_parallel`; `steps` overrides
     learner.steps. `command` replaces the trial command (tests run a tiny script with it).
+    `stage`: one stage of a tuned experiment (harness.tuning), whose trials join the parent run
+    of the caller's tracker instead of a parent of their own.
     """
     console = console or Console()
     executor = open_executor(cfg.executor)
@@ -249,9 +261,13 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
         specs = expand_trials(cfg, out_dir)
         trials = classify_trials(specs, cfg.config_hash(), per_trial)
         queue = _plan(trials, console, result)
-        tracker = open_tracker(cfg, out_dir)  # fails fast on a bad store, before any trial
+        if stage is None:
+            tracker = open_tracker(cfg, out_dir)  # fails fast on a bad store, before any trial
+            tracker.start_experiment(cfg, config_path, overrides, steps)
+        else:
+            tracker = stage.tracker
+            tracker.begin_stage(cfg, stage.name)
         result.tracking_uri = getattr(tracker, "tracking_uri", None)
-        tracker.start_experiment(cfg, config_path, overrides, steps)
         result.parent_run_id = tracker.parent_run_id
         try:
             _adopt_finished(trials, tracker, console, result)
@@ -283,8 +299,9 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
         _finish_trials(trials, queue, result)
         if report and result.interrupted_by is None:
             _report(cfg, out_dir, tracker, console, result)
-        status = _parent_status(result)
-        _track(console, result, "close the parent run", tracker.end_experiment, status)
+        if stage is None:  # a stage's caller closes the parent after its last stage
+            status = _parent_status(result)
+            _track(console, result, "close the parent run", tracker.end_experiment, status)
     _print_summary(console, result)
     return result
 

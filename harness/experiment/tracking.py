@@ -138,6 +138,10 @@ class Tracker(Protocol):
         steps: int | None,
     ) -> None: ...
 
+    def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None: ...
+
+    def log_selection(self, selection: dict[str, Any]) -> None: ...
+
     def trial_done_before(self, trial: TrialOnDisk) -> None: ...
 
     def trial_started(self, spec: PlannedTrial, resume: bool) -> None: ...
@@ -156,6 +160,12 @@ class NullTracker:
     tracking_uri: str | None = None
 
     def start_experiment(self, *args: object) -> None:
+        return None
+
+    def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None:
+        return None
+
+    def log_selection(self, selection: dict[str, Any]) -> None:
         return None
 
     def trial_done_before(self, trial: TrialOnDisk) -> None:
@@ -187,6 +197,7 @@ class MlflowTracker:
         self.parent_run_id: str | None = None
         self._cfg: ExperimentConfig | None = None
         self._steps: int | None = None
+        self._stage: str | None = None  # tuning | final, in an experiment with a tuning stage
 
     @classmethod
     def open(cls, cfg: ExperimentConfig, out_dir: Path) -> MlflowTracker:
@@ -240,12 +251,32 @@ class MlflowTracker:
         self.parent_run_id = run_id
         self.registry.add_parent(run_id)
 
+    def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None:
+        """Trials from now on belong to stage `stage` of a tuned experiment (harness.tuning),
+        whose config (`cfg`, the stage's derived one) names their arms: each child run is
+        tagged `harness.stage` and logs that config's arm settings and hash, under the one
+        parent run of the experiment."""
+        self._cfg, self._stage = cfg, stage
+
+    def log_selection(self, selection: dict[str, Any]) -> None:
+        """The tuning stage's selection as a parent-run artifact (tuning/selection.json) and
+        one tag per arm naming its selected configuration."""
+        if self.parent_run_id is None:
+            return
+        self.client.log_dict(self.parent_run_id, selection, "tuning/selection.json")
+        tags = {
+            f"tuning.selected.{arm}": entry["selected"] for arm, entry in selection["arms"].items()
+        }
+        log_tags(self.client, self.parent_run_id, tags)
+
     def trial_done_before(self, trial: TrialOnDisk) -> None:
         """A trial finished in an earlier launch: adopt its child, or log it if never logged."""
         record = self.registry.child(trial.spec.trial_name)
         logged = record is not None and record.metrics_logged and record.status == trial.status
         if logged and self._live(record.run_id):
             log_tags(self.client, record.run_id, {PARENT_TAG: self.parent_run_id})
+            if self._stage is not None:
+                log_tags(self.client, record.run_id, {"harness.stage": self._stage})
             return
         run_id = self._child_for_attempt(trial.spec)
         self._log_result(trial.spec, run_id, str(trial.status), "finished in an earlier launch")
@@ -319,6 +350,8 @@ class MlflowTracker:
         if self._cfg is None or self.parent_run_id is None:
             raise RuntimeError("start_experiment() must run before any trial is tracked")
         tags = {PARENT_TAG: self.parent_run_id, "trial_name": spec.trial_name}
+        if self._stage is not None:
+            tags["harness.stage"] = self._stage
         started_at = None
         with contextlib.suppress(TrialRecordError):  # invalid trial.json: start time is now
             started_at = getattr(read_trial_record(spec.trial_dir), "started_at", None)

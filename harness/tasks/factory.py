@@ -7,7 +7,7 @@ from collections.abc import Callable
 from transformers import PreTrainedTokenizerBase
 
 from harness.config import TaskConfig
-from harness.tasks.base import Task
+from harness.tasks.base import Prompt, Task
 from harness.tasks.file_task import FileTask
 from harness.tasks.procedural import (
     ProceduralTask,
@@ -66,3 +66,9 @@ def make_rendered_task(config: TaskConfig, tokenizer: PreTrainedTokenizerBase) -
     prompt set, generators, warm start, eval), so all of them see the same text.
     """
     return RenderedTask(make_task(config), renderer_for(config, tokenizer))
+
+
+def held_out_prompts(task: Task, config: TaskConfig) -> list[Prompt]:
+    """The eval set `config` names in `task` (built from it, raw or rendered): held-out prompts
+    [eval_offset, eval_offset + eval_size), indexed by their place in the held-out split."""
+    return task.eval_prompts(config.eval_offset + config.eval_size)[config.eval_offset :]

@@ -23,7 +23,7 @@ from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig
 from harness.executors.base import TrialFailedError
 from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
 from harness.provenance import file_digest, provenance
-from harness.tasks.factory import make_rendered_task
+from harness.tasks.factory import held_out_prompts, make_rendered_task
 from harness.tasks.mixture import make_train_mixture
 
 
@@ -50,7 +50,7 @@ def prompt_table(
         component, p = mixture.prompt(spec.seed, i)
         rows.append(("train", component.name, p.index, p.text, p.ground_truth))
     for name, task_cfg in cfg.eval_sets():
-        evals = make_rendered_task(task_cfg, tokenizer).eval_prompts(task_cfg.eval_size)
+        evals = held_out_prompts(make_rendered_task(task_cfg, tokenizer), task_cfg)
         rows += [("eval", name, p.index, p.text, p.ground_truth) for p in evals]
     return pd.DataFrame(rows, columns=["split", "task", "index", "prompt", "ground_truth"])
 

@@ -34,9 +34,7 @@ def _group_of(ticket: int, batch: int, *, policy_version: int = 0):
     """A valid group for `ticket` (tokens from its position in the batch: the factory's token
     values grow with the prompt index and an extra round's would overflow int32)."""
     group = make_group(ticket % ROUND_SPAN, policy_version=policy_version)
-    return dataclasses.replace(
-        group, prompt_index=ticket, group_id=make_group_id(0, batch, ticket)
-    )
+    return dataclasses.replace(group, prompt_index=ticket, group_id=make_group_id(0, batch, ticket))
 
 
 def test_round_zero_is_the_plain_ticket_space() -> None:
@@ -176,9 +174,7 @@ def test_intake_accepts_an_extra_round_only_where_the_arm_asks_for_it() -> None:
     assert identity_problem(wrong, _rules(2), 3) == (
         f"prompt_index 6 is outside batch 3 round 1's [{first}, {first + 2})"
     )
-    assert "outside batch 3's [6, 8)" in identity_problem(
-        _delivery(3, 1, 0, key=3), _rules(2), 3
-    )
+    assert "outside batch 3's [6, 8)" in identity_problem(_delivery(3, 1, 0, key=3), _rules(2), 3)
 
 
 def test_trial_slots_hold_the_extra_rounds_the_arm_may_read() -> None:

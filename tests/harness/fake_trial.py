@@ -12,6 +12,9 @@ FAKE_HANG          "1": after step 1, start a grandchild and both sleep until ki
 FAKE_LEAK          "1": start a grandchild that outlives the trial (the pool must kill it)
 FAKE_ESCAPE        "1": grandchildren start their own session, out of reach of a group kill
                    (as the real runner's components do)
+FAKE_LR_SCORES     "1": eval/pass_rate = 0.05 * step * quality(arm's lr in the config)
+                   + 0.001 * seed, quality peaking at lr 1e-3 (a tuning stage selects it); the
+                   eval set names of the config go to `eval_sets.json` in the trial dir
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def prompts(seed: int) -> pa.Table:
     return pa.table(dict(zip(["split", "index", "prompt", "ground_truth"], columns, strict=True)))
 
 
+def lr_quality(config: dict, arm: str) -> float:
+    """How good the arm's learning rate is, in (0, 1]: 1 at lr 1e-3, less a third per decade
+    away (FAKE_LR_SCORES)."""
+    settings = next(a for a in config["arms"] if a["name"] == arm)
+    lr = float(settings.get("lr", config.get("learner", {}).get("lr", 1e-5)))
+    return max(0.05, 1.0 - abs(math.log10(lr) + 3.0) / 3.0)
+
+
 def arms_from_env(name: str) -> set[str]:
     return {arm for arm in os.environ.get(name, "").split(",") if arm}
 
@@ -96,13 +107,20 @@ def main(argv: list[str]) -> int:
     if not args.resume:
         log.truncate_after(0)
     step_s = float(os.environ.get("FAKE_STEP_S", "0.02"))
+    quality, seed_term = 1.0, 0.0
+    if os.environ.get("FAKE_LR_SCORES") == "1":
+        seed_term = 0.001 * args.seed
+        config = yaml.safe_load(Path(args.config).read_text())
+        quality = lr_quality(config, args.arm)
+        names = [e["name"] for e in config.get("evals", [])]
+        write_json(out / "eval_sets.json", {"eval_sets": names})
     for step in range(start, args.steps + 1):
         time.sleep(step_s)
         diverging = args.arm in arms_from_env("FAKE_DIVERGE_ARMS") and step == 2
         metrics = {
             "reward/mean": 0.1 * step + 0.01 * args.seed,
             "optim/grad_norm": math.inf if diverging else 1.0 / step,
-            "eval/pass_rate": 0.05 * step if step % 2 == 0 else math.nan,
+            "eval/pass_rate": (0.05 * step * quality + seed_term if step % 2 == 0 else math.nan),
         }
         log.append(step, 1_700_000_000.0 + step, metrics)
         info["steps_completed"] = step

@@ -24,7 +24,13 @@ MINIMAL = "name: t\narms:\n  - {name: gspo, objective: gspo}\n  - {name: grpo, o
 
 @pytest.mark.parametrize(
     "name",
-    ["quickstart.yaml", "gspo_vs_grpo_gpu.yaml", "staleness_sweep.yaml", "moe_gspo_vs_grpo.yaml"],
+    [
+        "quickstart.yaml",
+        "gspo_vs_grpo_gpu.yaml",
+        "staleness_sweep.yaml",
+        "moe_gspo_vs_grpo.yaml",
+        "tuned_comparison.yaml",
+    ],
 )
 def test_shipped_configs_are_valid(name: str) -> None:
     cfg = load_config(REPO / "configs" / name)
@@ -193,8 +199,8 @@ def test_dynamic_sampling_is_an_arm_setting_off_by_default(tmp_path: Path) -> No
 
 
 def test_dynamic_sampling_needs_fixed_mode_and_names_the_arms(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"arms \['dapo'\] set dynamic_sampling_rounds, which "
-                       r"needs staleness.mode: fixed \(got bounded\)"):  # fmt: skip
+    want = r"arms \['dapo'\] set dynamic_sampling_rounds, which needs staleness.mode: fixed"
+    with pytest.raises(ConfigError, match=want + r" \(got bounded\)"):
         load_config(write(tmp_path, DAPO), ["staleness.mode=bounded"])
 
 
@@ -206,8 +212,11 @@ def test_dynamic_sampling_is_refused_on_an_arm_with_a_critic(tmp_path: Path) -> 
 
 def test_extra_rounds_raise_the_buffer_depth_a_checkpoint_interval_needs(tmp_path: Path) -> None:
     # checkpoint_every 10 x (1 + 3 rounds) + lag 0 + 2 = 42 draws of 16 prompts = 672 groups
-    with pytest.raises(ConfigError, match=r"\(learner.checkpoint_every x \(1 \+ max "
-                       r"dynamic_sampling_rounds\) \+ max lag \+ 2\) \* learner.prompts_per_step = 672"):  # fmt: skip
+    want = (
+        r"\(learner.checkpoint_every x \(1 \+ max dynamic_sampling_rounds\) \+ max lag \+ 2\) "
+        r"\* learner.prompts_per_step = 672"
+    )
+    with pytest.raises(ConfigError, match=want):
         load_config(
             write(tmp_path, DAPO),
             ["learner.checkpoint_every=10", "learner.prompts_per_step=16", "buffer.max_depth=600"],

@@ -5,6 +5,7 @@ every group it read, and redoing the same steps after a kill."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -162,12 +163,16 @@ def _metrics(trial_dir: Path) -> list[dict[str, float | None]]:
     """Every row's metrics but wall-clock ones, NaN as None (so rows compare with ==)."""
     rows = pq.read_table(trial_dir / "metrics.parquet").to_pylist()
     return [
-        {k: None if v != v else v for k, v in row.items() if _reproducible(k)} for row in rows
+        {k: None if _is_nan(v) else v for k, v in row.items() if _reproducible(k)} for row in rows
     ]
 
 
 def _trained(trial_dir: Path) -> list[tuple[int, str]]:
     return [(row["step"], row["group_id"]) for row in GroupLedger(trial_dir).read()]
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
 
 
 def _reproducible(name: str) -> bool:
