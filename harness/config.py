@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -51,6 +50,7 @@ from harness.config_sections import (
 )
 from harness.config_tuning import TuningConfig
 from harness.overrides import ConfigError, apply_overrides
+from harness.seeds import SeedList
 from learner.config import (
     ArmConfig,
     LearnerConfig,
@@ -117,7 +117,7 @@ class ExperimentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(default="experiment", description="Experiment name (MLflow, output dir).")
-    seeds: list[int] = Field(
+    seeds: SeedList = Field(
         default_factory=lambda: [0],
         min_length=1,
         description="Seeds: integers, and `range(a,b)` for a to b - 1 as in Python, alone "
@@ -208,21 +208,6 @@ class ExperimentConfig(BaseModel):
         except PluginError as exc:
             raise ValueError(str(exc)) from None
         return {**data, "plugins": entries}
-
-    @field_validator("seeds", mode="before")
-    @classmethod
-    def _seed_ranges(cls, value: Any) -> Any:
-        return expand_seed_ranges(value)
-
-    @field_validator("seeds")
-    @classmethod
-    def _non_negative_seeds(cls, value: list[int]) -> list[int]:
-        negative = [seed for seed in value if seed < 0]
-        if negative:
-            raise ValueError(
-                f"seeds must be >= 0 (they seed numpy's SeedSequence), got {negative[0]}"
-            )
-        return value
 
     @field_validator("name")
     @classmethod
@@ -399,38 +384,6 @@ def check_path_component(field: str, value: str) -> str:
         "single path component (no `/` or `\\`, no control characters or surrounding spaces, "
         "not empty, `.` or `..`)"
     )
-
-
-SEED_RANGE = re.compile(r"range\(\s*(-?\d+)\s*,\s*(-?\d+)\s*\)")
-
-
-def _seed_range(text: str) -> list[int]:
-    """`range(a,b)` -> [a, ..., b - 1]; anything else is refused with the forms that work."""
-    match = SEED_RANGE.fullmatch(text.strip())
-    if match is None:
-        raise ValueError(
-            f"seeds: {text!r} is neither an integer nor range(a,b); write e.g. "
-            "seeds=range(0,12) for seeds 0 to 11, seeds=[0,1,2], or quote ranges inside a "
-            'list: seeds=[0,"range(5,9)"]'
-        )
-    low, high = int(match[1]), int(match[2])
-    if high <= low:
-        raise ValueError(f"seeds: {text!r} is empty; range(a,b) needs a < b (seeds a to b - 1)")
-    return list(range(low, high))
-
-
-def expand_seed_ranges(value: Any) -> Any:
-    """`range(a,b)` strings, alone or as list items, to the integers a .. b - 1 (as Python's
-    range); other values are left to the field's own validation."""
-    if isinstance(value, str):
-        return _seed_range(value)
-    if not isinstance(value, list):
-        return value
-    out: list[Any] = []
-    for item in value:
-        is_range = isinstance(item, str) and not re.fullmatch(r"\s*-?\d+\s*", item)
-        out += _seed_range(item) if is_range else [item]
-    return out
 
 
 NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1

@@ -19,10 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from harness.seeds import SeedList
 
 Scalar = float | int | str | bool
 
@@ -129,7 +131,7 @@ class TuningConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    seeds: list[int] = Field(
+    seeds: SeedList = Field(
         min_length=1,
         description="Tuning seeds (integers or `range(a,b)`): every configuration is trained "
         "on each; disjoint from the evaluation `seeds`.",
@@ -153,18 +155,11 @@ class TuningConfig(BaseModel):
     )
     seed: int = Field(default=0, ge=0, description="Seeds the random search draws.")
 
-    @field_validator("seeds", mode="before")
-    @classmethod
-    def _seed_ranges(cls, value: Any) -> Any:
-        from harness.config import expand_seed_ranges  # the config module imports this one
-
-        return expand_seed_ranges(value)
-
     @field_validator("seeds")
     @classmethod
-    def _distinct_non_negative(cls, value: list[int]) -> list[int]:
-        if len(set(value)) != len(value) or min(value) < 0:
-            raise ValueError(f"tuning.seeds must be distinct and >= 0, got {value}")
+    def _distinct(cls, value: list[int]) -> list[int]:
+        if len(set(value)) != len(value):
+            raise ValueError(f"tuning.seeds has duplicates: {value}")
         return value
 
     def configurations(self, arm: str) -> list[dict[str, Scalar]]:

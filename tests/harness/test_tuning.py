@@ -8,6 +8,10 @@ import io
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -28,6 +32,7 @@ from harness.experiment.tuning import (
 )
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 from tests.harness.test_experiment import FAKE_PREFIX
+from tests.harness.trial_helpers import REPO
 
 LRS = [1e-5, 1e-4, 1e-3, 1e-2]
 
@@ -303,3 +308,51 @@ def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
     assert json.loads((out / "tuning" / SELECTION_JSON).read_text()) == expected
     final = {p.name: attempts(p) for p in trial_dirs(out / "trials")}
     assert all(n == (2 if name.startswith("gspo") else 1) for name, n in final.items())
+
+
+def test_a_killed_run_resumes_the_tuning_stage_and_selects_the_same(tmp_path: Path) -> None:
+    """SIGTERM to `harness run` mid-tuning: trials stop, nothing is selected; the rerun runs only
+    the unfinished tuning trials, then selects and compares as an uninterrupted run would."""
+    driver = (
+        "import sys; from pathlib import Path; from tests.harness.test_tuning import launch; "
+        f"sys.exit(launch(Path({str(tmp_path)!r})).exit_code)"
+    )
+    env = {**os.environ, "FAKE_STEP_S": "0.3"}
+    process = subprocess.Popen(
+        [sys.executable, "-c", driver], cwd=REPO, env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    trials = tmp_path / "out" / "tuning" / "trials"
+    deadline = time.monotonic() + 120
+    while not _completed(trials):
+        assert time.monotonic() < deadline and process.poll() is None, "no tuning trial finished"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
+    finished = _completed(trials)
+    assert 0 < len(finished) < 16
+    assert not (tmp_path / "out" / "tuning" / SELECTION_JSON).exists()
+    assert launch(tmp_path).exit_code == 0
+    assert all(attempts(trials / name) == 1 for name in finished)
+    selection = json.loads((tmp_path / "out" / "tuning" / SELECTION_JSON).read_text())
+    assert {arm: e["selected"] for arm, e in selection["arms"].items()} == {"gspo": 2, "grpo": 2}
+    assert len(trial_dirs(tmp_path / "out" / "trials")) == 4
+
+
+def _completed(trials: Path) -> set[str]:
+    if not trials.exists():
+        return set()
+    done = set()
+    for trial in trials.iterdir():
+        record = trial / "trial.json"
+        if record.exists() and '"status": "completed"' in record.read_text():
+            done.add(trial.name)
+    return done
+
+
+def test_tuning_seeds_take_ranges_like_seeds(tmp_path: Path) -> None:
+    data = tuned_data(tmp_path)
+    data["tuning"]["seeds"] = "range(100,103)"
+    assert validate_config(data).tuning.seeds == [100, 101, 102]
+    data["tuning"]["seeds"] = [100, 100]
+    assert "tuning.seeds has duplicates: [100, 100]" in refused(data)
