@@ -37,8 +37,9 @@ from tests.harness.trial_helpers import REPO
 LRS = [1e-5, 1e-4, 1e-3, 1e-2]
 
 
-def tuned_data(root: Path, **extra: object) -> dict:
-    """GSPO vs GRPO, each with 4 learning rates x 2 tuning seeds, selected on `val`."""
+def tuned_data(root: Path, lrs: list[float] = LRS, **extra: object) -> dict:
+    """GSPO vs GRPO, each with one configuration per learning rate in `lrs` x 2 tuning seeds,
+    selected on `val`."""
     data = {
         "name": "tuned",
         "seeds": [0, 1],
@@ -52,9 +53,9 @@ def tuned_data(root: Path, **extra: object) -> dict:
         "tracking": {"enabled": False},
         "tuning": {
             "seeds": [100, 101],
-            "budget": 4,
+            "budget": len(lrs),
             "validation": "val",
-            "space": {"gspo": {"grid": {"lr": LRS}}, "grpo": {"grid": {"lr": LRS}}},
+            "space": {"gspo": {"grid": {"lr": lrs}}, "grpo": {"grid": {"lr": lrs}}},
         },
     }
     return data | extra
@@ -212,8 +213,13 @@ def mlflow_template(request: pytest.FixtureRequest, tmp_path_factory) -> Path:
     return template_store(request.config, tmp_path_factory)
 
 
+# The launches use two learning rates: 2 arms x 2 configurations x 2 tuning seeds + 4 final
+# trials, the smallest grid where a selection and a resume mean something.
+RUN_LRS = [1e-4, 1e-3]
+
+
 def launch(root: Path, uri: str | None = None, *, report: bool = False, **env: str):
-    data = tuned_data(root)
+    data = tuned_data(root, RUN_LRS)
     if uri is not None:
         data["tracking"] = {"enabled": True, "tracking_uri": uri}
     root.mkdir(parents=True, exist_ok=True)
@@ -253,7 +259,7 @@ def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
     out = tmp_path / "out"
     tuning = trial_dirs(out / "tuning" / "trials")
     final = trial_dirs(out / "trials")
-    assert len(tuning) == 2 * 4 * 2 and len(final) == 2 * 2
+    assert len(tuning) == 2 * 2 * 2 and len(final) == 2 * 2
     assert {p.name.split("__")[1] for p in tuning} == {"seed100", "seed101"}
     assert {p.name.split("__")[1] for p in final} == {"seed0", "seed1"}
     # the validation set is the tuning trials' only set and never a final trial's
@@ -263,25 +269,25 @@ def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
                for p in final)  # fmt: skip
     selection = json.loads((out / "tuning" / SELECTION_JSON).read_text())
     for arm in ("gspo", "grpo"):  # lr 1e-3 scores best in the fake runner
-        assert selection["arms"][arm]["selected"] == 2
+        assert selection["arms"][arm]["selected"] == 1
         assert selection["arms"][arm]["settings"] == {"lr": 1e-3}
         # the report's final score (mean of the last 2 evals, steps 2 and 4: 0.1 and 0.2)
         # plus 0.001 x seed, averaged over seeds 100 and 101
         assert selection["arms"][arm]["score"] == pytest.approx(0.15 + 0.1005)
     scores = pd.read_parquet(out / "tuning" / SCORES_PARQUET)
-    assert len(scores) == 16 and list(scores.columns) == [
+    assert len(scores) == 8 and list(scores.columns) == [
         "arm", "config", "seed", "score", "status", "param.lr",
     ]  # fmt: skip
     stage_cfg = load_config(out / "stage_config.yaml")
-    assert stage_cfg.arm("gspo").lr == 1e-3 and stage_cfg.selection["arms"]["gspo"]["selected"] == 2
+    assert stage_cfg.arm("gspo").lr == 1e-3 and stage_cfg.selection["arms"]["gspo"]["selected"] == 1
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs(client.get_experiment_by_name("tuned").experiment_id)
     parents = [r for r in runs if r.data.tags.get("harness.kind") == "experiment"]
     assert len(parents) == 1
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
     stages = sorted(r.data.tags.get("harness.stage") for r in children)
-    assert stages == ["final"] * 4 + ["tuning"] * 16
-    assert parents[0].data.tags["tuning.selected.grpo"] == "2"
+    assert stages == ["final"] * 4 + ["tuning"] * 8
+    assert parents[0].data.tags["tuning.selected.grpo"] == "1"
     artifacts = [a.path for a in client.list_artifacts(parents[0].info.run_id, "tuning")]
     assert artifacts == ["tuning/selection.json"]
 
@@ -291,7 +297,7 @@ def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
 ) -> None:
     root = tmp_path / "run"
     # the tuning stage fails (one configuration's trials): no selection, no final trials
-    failed = launch(root, FAKE_FAIL_ARMS=tuned_arm_name("grpo", 3))
+    failed = launch(root, FAKE_FAIL_ARMS=tuned_arm_name("grpo", 0))
     assert failed.exit_code == 1
     out = root / "out"
     assert not (out / "tuning" / SELECTION_JSON).exists() and not (out / "trials").exists()
@@ -299,9 +305,9 @@ def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
     failed = launch(root, FAKE_FAIL_ARMS="gspo")
     assert failed.exit_code == 1
     runs = {p.name: attempts(p) for p in trial_dirs(out / "tuning" / "trials")}
-    assert all(n == (2 if name.startswith("grpo-c3") else 1) for name, n in runs.items())
+    assert all(n == (2 if name.startswith("grpo-c0") else 1) for name, n in runs.items())
     expected = json.loads((out / "tuning" / SELECTION_JSON).read_text())
-    assert {arm: e["selected"] for arm, e in expected["arms"].items()} == {"gspo": 2, "grpo": 2}
+    assert {arm: e["selected"] for arm, e in expected["arms"].items()} == {"gspo": 1, "grpo": 1}
     # resumed again: tuning untouched, the selection identical, the failed final trials finish
     assert launch(root).exit_code == 0
     assert {p.name: attempts(p) for p in trial_dirs(out / "tuning" / "trials")} == runs
@@ -330,12 +336,12 @@ def test_a_killed_run_resumes_the_tuning_stage_and_selects_the_same(tmp_path: Pa
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     finished = _completed(trials)
-    assert 0 < len(finished) < 16
+    assert 0 < len(finished) < 8
     assert not (tmp_path / "out" / "tuning" / SELECTION_JSON).exists()
     assert launch(tmp_path).exit_code == 0
     assert all(attempts(trials / name) == 1 for name in finished)
     selection = json.loads((tmp_path / "out" / "tuning" / SELECTION_JSON).read_text())
-    assert {arm: e["selected"] for arm, e in selection["arms"].items()} == {"gspo": 2, "grpo": 2}
+    assert {arm: e["selected"] for arm, e in selection["arms"].items()} == {"gspo": 1, "grpo": 1}
     assert len(trial_dirs(tmp_path / "out" / "trials")) == 4
 
 
