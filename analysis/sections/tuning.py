@@ -202,8 +202,11 @@ def no_change_note(ranking: BudgetRanking) -> str:
     )
 
 
-def ranking_rows(curves: dict[str, ExpectedMaxCurve]) -> list[dict]:
-    """Section `tuning_ranking`: the leader at each budget 1..min N, and whether it changes."""
+def ranking_rows(curves: dict[str, ExpectedMaxCurve], seed_se: float = math.nan) -> list[dict]:
+    """Section `tuning_ranking`: the leader at each budget 1..min N with its margin over the
+    runner-up, whether the leader changes, and `seed_se`: the largest standard error over
+    tuning seeds of a selected configuration's tuning score, the noise a margin is read
+    against (a lead smaller than it is not established)."""
     if not curves:
         return []
     ranking = budget_ranking(curves)
@@ -214,6 +217,19 @@ def ranking_rows(curves: dict[str, ExpectedMaxCurve]) -> list[dict]:
         arm = top[0] if len(top) == 1 else None
         keys = {"comparison": f"budget {budget}", "n": len(curves), "note": note}
         rows.append(row("tuning_ranking", "leader", value, arm=arm, **keys))
+        others = sorted((float(c.mean[budget - 1]) for a, c in curves.items() if a not in top))
+        margin = value - others[-1] if others else math.nan
+        rows.append(row("tuning_ranking", "margin", margin, arm=arm, **keys))
+    rows.append(
+        row(
+            "tuning_ranking",
+            "seed_se",
+            seed_se,
+            comparison="selected configurations",
+            n=len(curves),
+            note="largest standard error over tuning seeds of a selected configuration's score",
+        )
+    )
     note = ranking.note() or no_change_note(ranking)
     rows.append(
         row(
@@ -226,6 +242,21 @@ def ranking_rows(curves: dict[str, ExpectedMaxCurve]) -> list[dict]:
         )
     )
     return rows
+
+
+def selected_seed_se(selection: dict, path: Path) -> float:
+    """The largest standard error (sample SD / sqrt(n) over tuning seeds) of the selected
+    configurations' tuning scores; NaN without the scores file or with fewer than 2 seeds."""
+    if not path.exists():
+        return math.nan
+    trials = pd.read_parquet(path)
+    errors = []
+    for arm, entry in selection["arms"].items():
+        mine = trials[(trials["arm"] == arm) & (trials["config"] == entry["selected"])]
+        scores = pd.to_numeric(mine["score"], errors="coerce").dropna().to_numpy(dtype=float)
+        if len(scores) >= 2:
+            errors.append(float(np.std(scores, ddof=1) / math.sqrt(len(scores))))
+    return max(errors) if errors else math.nan
 
 
 def sensitivity_frame(
@@ -286,7 +317,7 @@ def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
         protocol_rows(selection)
         + selected_rows(selection)
         + evp_rows(curves)
-        + ranking_rows(curves)
+        + ranking_rows(curves, selected_seed_se(selection, scores_path))
         + sensitivity_rows(sensitivity)
     )
     return Part(rows, {"curves": curves, "sensitivity": sensitivity})
@@ -386,7 +417,29 @@ def evp_text(summary: pd.DataFrame) -> str:
     )
     if last["comparison"] != first["comparison"]:
         opening += f"; {lead(last)}"
-    return f"{opening}. {change['note']}"
+    return f"{opening}. {change['note']}{_margin_caveat(summary)}"
+
+
+def _margin_caveat(summary: pd.DataFrame) -> str:
+    """A sentence naming the budgets whose lead is smaller than the seed noise of the selected
+    configurations' scores: the curves are point estimates, and such a lead is not a ranking."""
+    margins = _rows(summary, "tuning_ranking", "margin")
+    noise = _rows(summary, "tuning_ranking", "seed_se")
+    if margins.empty or noise.empty or not np.isfinite(noise["value"].iloc[0]):
+        return ""
+    se = float(noise["value"].iloc[0])
+    small = margins[margins["value"].to_numpy(dtype=float) < se]
+    if small.empty:
+        return (
+            f" At every budget the lead exceeds the selected configurations' standard error "
+            f"over tuning seeds ({format_number(se)})."
+        )
+    budgets = ", ".join(str(c).removeprefix("budget ") for c in small["comparison"])
+    return (
+        f" The lead at budget {budgets} is smaller than the selected configurations' standard "
+        f"error over tuning seeds ({format_number(se)}): the order of the arms there is not "
+        "established."
+    )
 
 
 def sensitivity_block_table(summary: pd.DataFrame) -> pd.DataFrame:

@@ -14,6 +14,7 @@ import pytest
 
 from analysis import ReportConfig, build_report
 from analysis.report import ReportResult
+from analysis.sections import tuning
 from analysis.sections.tuning import ranking_rows
 from analysis.stats import expected_max_curve
 from analysis.synthetic import SyntheticSpec, write_experiment
@@ -215,4 +216,32 @@ def test_a_leader_that_never_changes_is_said_so() -> None:
     assert change["value"] == 0.0
     assert change["note"] == (
         "The winner does not change with the budget: a leads at every budget from 1 to 3."
+    )
+
+
+def test_each_lead_is_read_against_the_seed_noise_of_the_selected_configurations(
+    report: ReportResult,
+) -> None:
+    s = report.summary
+    # grpo's selected configuration 0 scored 0.61 and 0.59, gspo's 2 0.81 and 0.79: SE 0.01
+    assert _one(s, "tuning_ranking", "seed_se")["value"] == pytest.approx(0.01, abs=1e-12)
+    margin = _one(s, "tuning_ranking", "margin", comparison="budget 1")["value"]
+    assert margin == pytest.approx(EXPECTED_MAX["grpo"][0] - EXPECTED_MAX["gspo"][0], abs=1e-12)
+    margin = _one(s, "tuning_ranking", "margin", comparison="budget 4")["value"]
+    assert margin == pytest.approx(0.80 - 0.60, abs=1e-12)
+    md = report.markdown_path.read_text()
+    assert "At every budget the lead exceeds the selected configurations' standard error" in md
+
+
+def test_a_lead_inside_the_seed_noise_is_not_called_a_ranking() -> None:
+    summary = pd.DataFrame(
+        [
+            {"section": "tuning_ranking", "statistic": "margin", "comparison": c, "value": v}
+            for c, v in (("budget 1", 0.05), ("budget 2", 0.004), ("budget 3", 0.001))
+        ]
+        + [{"section": "tuning_ranking", "statistic": "seed_se", "comparison": "x", "value": 0.01}]
+    )
+    assert tuning._margin_caveat(summary) == (
+        " The lead at budget 2, 3 is smaller than the selected configurations' standard error "
+        "over tuning seeds (0.010): the order of the arms there is not established."
     )
