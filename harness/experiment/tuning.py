@@ -38,6 +38,7 @@ from harness.experiment.run import ExperimentResult, Stage, run_experiment
 from harness.experiment.scheduler import CommandBuilder, trial_command
 from harness.experiment.tracking import open_tracker
 from harness.overrides import ConfigError
+from harness.storage.output import is_uri
 from harness.tasks.factory import held_out_prompts, make_task
 
 SELECTION_JSON = TUNING_SELECTION
@@ -210,7 +211,7 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
     report after the final stage; other keyword arguments go to both stages' `run_experiment`.
     """
     console = console or Console()
-    if cfg.executor.kind != "local" or str(cfg.output_dir).startswith(("s3:", "gs:", "hdfs:")):
+    if cfg.executor.kind != "local" or is_uri(cfg.output_dir) or is_uri(str(out_dir or "")):
         raise ConfigError(
             "a tuning stage runs with executor.kind=local and a local output_dir for now; "
             "run the tuning with those, or drop `tuning` and set the arms' settings by hand"

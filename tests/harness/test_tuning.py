@@ -362,3 +362,15 @@ def test_tuning_seeds_take_ranges_like_seeds(tmp_path: Path) -> None:
     assert validate_config(data).tuning.seeds == [100, 101, 102]
     data["tuning"]["seeds"] = [100, 100]
     assert "tuning.seeds has duplicates: [100, 100]" in refused(data)
+
+
+@pytest.mark.parametrize(
+    ("override", "out"),
+    [({"executor": {"kind": "ray"}}, None), ({}, "s3://bucket/tuned")],
+)
+def test_a_tuned_run_on_ray_or_a_bucket_is_refused_in_one_line(
+    tmp_path: Path, override: dict, out: str | None
+) -> None:
+    cfg = validate_config(tuned_data(tmp_path, **override))
+    with pytest.raises(ConfigError, match="a tuning stage runs with executor.kind=local"):
+        run_tuned_experiment(cfg, tmp_path / "tuned.yaml", out, console=Console(file=io.StringIO()))
