@@ -372,5 +372,5 @@ def test_a_tuned_run_on_ray_or_a_bucket_is_refused_in_one_line(
     tmp_path: Path, override: dict, out: str | None
 ) -> None:
     cfg = validate_config(tuned_data(tmp_path, **override))
-    with pytest.raises(ConfigError, match="a tuning stage runs with executor.kind=local"):
+    with pytest.raises(ConfigError, match=r"a tuning stage runs with executor\.kind=local"):
         run_tuned_experiment(cfg, tmp_path / "tuned.yaml", out, console=Console(file=io.StringIO()))
