@@ -5,7 +5,7 @@ Jordan et al. 2020; Patterson et al. 2024) is a protocol: every arm gets the sam
 configurations (`budget`) drawn from its own search space, each is trained on tuning seeds that
 are not the evaluation seeds, one configuration per arm is selected on a validation eval set that
 is not the test set, and only the selected configurations are compared, on the evaluation seeds
-and the test set. `harness run` runs both stages (`harness.tuning`).
+and the test set. `harness run` runs both stages (`harness.experiment.tuning`).
 
 A search space is a grid (every combination; its size must be the budget) or seeded random draws
 (`budget` draws per arm; numpy's Generator seeded by `tuning.seed` and the arm's name). Its keys

@@ -243,8 +243,8 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     overrides are handed to each `harness trial` subprocess. `out_dir` defaults to
     `<output_dir>/<name>`, `max_parallel` to `cfg.max_parallel`; `steps` overrides
     learner.steps. `command` replaces the trial command (tests run a tiny script with it).
-    `stage`: one stage of a tuned experiment (harness.tuning), whose trials join the parent run
-    of the caller's tracker instead of a parent of their own.
+    `stage`: one stage of a tuned experiment (harness.experiment.tuning), whose trials join
+    the parent run of the caller's tracker instead of a parent of their own.
     """
     console = console or Console()
     executor = open_executor(cfg.executor)

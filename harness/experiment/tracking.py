@@ -252,10 +252,10 @@ class MlflowTracker:
         self.registry.add_parent(run_id)
 
     def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None:
-        """Trials from now on belong to stage `stage` of a tuned experiment (harness.tuning),
-        whose config (`cfg`, the stage's derived one) names their arms: each child run is
-        tagged `harness.stage` and logs that config's arm settings and hash, under the one
-        parent run of the experiment."""
+        """Trials from now on belong to stage `stage` of a tuned experiment
+        (harness.experiment.tuning), whose config (`cfg`, the stage's derived one) names their
+        arms: each child run is tagged `harness.stage` and logs that config's arm settings and
+        hash, under the one parent run of the experiment."""
         self._cfg, self._stage = cfg, stage
 
     def log_selection(self, selection: dict[str, Any]) -> None:
