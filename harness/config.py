@@ -272,7 +272,7 @@ class ExperimentConfig(BaseModel):
             )
         rounds = self.dynamic_sampling_rounds()
         if rounds and self.staleness.mode != "fixed":
-            names = [arm.name for arm in self.arms if _sampling_rounds(arm)]
+            names = [arm.name for arm in self.arms if arm.sampling_rounds()]
             raise ValueError(
                 f"arms {names} set dynamic_sampling_rounds, which needs staleness.mode: fixed "
                 f"(got {self.staleness.mode}): extra rounds are generated for one batch by its "
@@ -317,7 +317,7 @@ class ExperimentConfig(BaseModel):
         """Extra generation rounds per step of arm `arm` (0: no dynamic sampling), or the most
         of any arm when `arm` is None."""
         arms = self.arms if arm is None else [self.arm(arm)]
-        return max((_sampling_rounds(a) for a in arms), default=0)
+        return max((a.sampling_rounds() for a in arms), default=0)
 
     def arm(self, name: str) -> ArmConfig:
         for arm in self.arms:
@@ -444,11 +444,6 @@ def _first_line(exc: Exception) -> str:
     if isinstance(exc, ValidationError):
         return "; ".join(str(e["msg"]) for e in exc.errors())
     return str(exc)
-
-
-def _sampling_rounds(arm: ArmConfig) -> int:
-    """`dynamic_sampling_rounds` of a group-advantage arm; 0 for arms without the setting."""
-    return int(getattr(arm, "dynamic_sampling_rounds", 0))
 
 
 def _check_learner_ranks(arm: str, learner: LearnerConfig, ranks: int) -> None:

@@ -143,6 +143,11 @@ class ArmBase(TrainingOverrides):
         validates again to the same arm."""
         return self.unset_training_fields()
 
+    def sampling_rounds(self) -> int:
+        """Extra generation rounds per step DAPO's dynamic sampling may ask for: 0, unless a
+        group arm sets `dynamic_sampling_rounds` (the harness and the learner both read it)."""
+        return 0
+
     @model_serializer(mode="wrap")
     def _dump_read_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data = handler(self)
@@ -231,6 +236,9 @@ class GroupArm(ArmBase):
                 "group std or not); remove adv_norm, or set adv_estimator: group"
             )
         return self
+
+    def sampling_rounds(self) -> int:
+        return self.dynamic_sampling_rounds
 
     def dump_omits(self) -> set[str]:
         """Settings this arm does not read under its other settings: `adv_norm` under another

@@ -422,7 +422,7 @@ def _intake_rules(task: LearnerTask, limits: ModelLimits) -> IntakeRules:
         reward_range=task.learner.reward_range,
         limits=limits,
         prompt_ids=task.prompt_ids,
-        extra_rounds=int(getattr(task.arm, "dynamic_sampling_rounds", 0)),
+        extra_rounds=task.arm.sampling_rounds(),
     )
 
 
