@@ -466,8 +466,7 @@ def _take(
             got = buffer.take_batch(
                 key, n, task.consumer, task.take_timeout_s, accept=check, slots=slots
             )
-            _refuse_retrained(buffer, got, trained, step)
-            return got
+            return _without_trained(buffer, got, trained, step, fixed=True)
 
         if rules.extra_rounds:
             selection = take_dynamic(
@@ -483,38 +482,31 @@ def _take(
     else:
         taken = buffer.take(n, step, task.lag, task.consumer, task.take_timeout_s, accept=check)
         deliveries, dropped = taken.deliveries, taken.dropped
-        deliveries = consumed = _fresh(buffer, deliveries, trained, step)
+        deliveries = consumed = _without_trained(buffer, deliveries, trained, step, fixed=False)
     # Arrival order must not matter in fixed mode: train in prompt order (round 0 first).
     deliveries = sorted(deliveries, key=lambda d: (d.group.prompt_index, d.group.group_id))
     return Taken(deliveries, dropped, consumed, sampling)
 
 
-def _refuse_retrained(
-    buffer: RolloutSource, deliveries: list[Delivery], trained: set[str], step: int
-) -> None:
-    """Fixed mode: a redelivered copy of a committed group means Redis and the checkpoint
-    disagree (a fixed batch is read once); it is acked, then the step fails."""
-    stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
-    if stale_ids:
-        buffer.ack(stale_ids)
-        raise RuntimeError(
-            f"step {step}: the buffer redelivered groups already trained "
-            f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
-        )
-
-
-def _fresh(
-    buffer: RolloutSource, deliveries: list[Delivery], trained: set[str], step: int
+def _without_trained(
+    buffer: RolloutSource,
+    deliveries: list[Delivery],
+    trained: set[str],
+    step: int,
+    *,
+    fixed: bool,
 ) -> list[Delivery]:
-    """Bounded mode: drop (ack) redelivered copies of committed groups, never retrain them; a
-    take of nothing but such copies means Redis and the checkpoint disagree."""
+    """`deliveries` without redelivered copies of committed groups, which are acked, never
+    retrained. Fixed mode reads each batch (and round) once, so any such copy means the run's
+    Redis and the checkpoint disagree; bounded mode only when nothing else came."""
     fresh = [d for d in deliveries if d.group.group_id not in trained]
     if len(fresh) != len(deliveries):
-        buffer.ack([d.entry_id for d in deliveries if d.group.group_id in trained])
-        if not fresh:
+        stale_ids = [d.entry_id for d in deliveries if d.group.group_id in trained]
+        buffer.ack(stale_ids)
+        if fixed or not fresh:
             raise RuntimeError(
                 f"step {step}: the buffer redelivered groups already trained "
-                f"({len(deliveries)}); the run's Redis state and checkpoint disagree"
+                f"({len(stale_ids)}); the run's Redis state and checkpoint disagree"
             )
     return fresh
 
