@@ -102,6 +102,7 @@ class RolloutBuffer:
         self._config = config or BufferConfig()
         self._outbox = Outbox(client, self._keys, self._config)
         self._telemetry = Telemetry(client, run_id)
+        self._tickets = TicketDispenser(client, run_id)  # extra rounds (dynamic sampling)
         self._consumers: dict[str, _ConsumerState] = {}
         self._ensure_group()
 
@@ -245,9 +246,7 @@ class RolloutBuffer:
         of batch `batch_index` (`TicketDispenser.request_round`; idempotent). Its groups arrive
         under the draw key `buffer.tickets.draw_key(batch, round)` and are taken like a batch:
         `take_batch(draw_key(batch, round), prompts_per_step, ...)`."""
-        return TicketDispenser(self._client, self.run_id).request_round(
-            batch_index, round_index, prompts_per_step
-        )
+        return self._tickets.request_round(batch_index, round_index, prompts_per_step)
 
     def commit(self, deliveries: Iterable[Delivery]) -> None:
         """After the step is committed: mark the groups trained and ack them, in one MULTI."""
