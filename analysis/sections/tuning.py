@@ -52,8 +52,6 @@ from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-SELECTION_FILE = TUNING_SELECTION
-SCORES_FILE = TUNING_SCORES
 PARAM_PREFIX = "param."
 ESTIMATOR = "unbiased"
 METRIC_TEXT = {
@@ -83,8 +81,8 @@ def tuning_paths(experiment_dir: Path | None) -> tuple[Path, Path] | None:
     if experiment_dir is None:
         return None
     folder = Path(experiment_dir) / TUNING_DIR
-    selection = folder / SELECTION_FILE
-    return (selection, folder / SCORES_FILE) if selection.is_file() else None
+    selection = folder / TUNING_SELECTION
+    return (selection, folder / TUNING_SCORES) if selection.is_file() else None
 
 
 def _number(value: object) -> float:

@@ -31,7 +31,7 @@ import pandas as pd
 import yaml
 from rich.console import Console
 
-from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION, ExperimentPaths
+from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
 from harness.config import ExperimentConfig, validate_config
 from harness.config_tuning import TuningConfig, tuned_arm_name
 from harness.experiment.run import ExperimentResult, Stage, run_experiment
@@ -41,8 +41,6 @@ from harness.overrides import ConfigError
 from harness.storage.output import is_uri
 from harness.tasks.factory import held_out_prompts, make_task
 
-SELECTION_JSON = TUNING_SELECTION
-SCORES_PARQUET = TUNING_SCORES
 STAGE_CONFIG = "stage_config.yaml"
 
 
@@ -242,9 +240,9 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
             )
             return tuned
         scores = tuning_scores(cfg, tuning_dir)
-        scores.to_parquet(tuning_dir / SCORES_PARQUET, index=False)
+        scores.to_parquet(tuning_dir / TUNING_SCORES, index=False)
         selection = select_configurations(cfg, scores)
-        (tuning_dir / SELECTION_JSON).write_text(json.dumps(selection, indent=2) + "\n")
+        (tuning_dir / TUNING_SELECTION).write_text(json.dumps(selection, indent=2) + "\n")
         tracker.log_selection(selection)
         for arm, entry in selection["arms"].items():
             console.print(
@@ -294,15 +292,7 @@ def _without_stages(cfg: ExperimentConfig) -> dict[str, Any]:
     return data
 
 
-def selection_path(out_dir: Path) -> Path:
-    """Where a tuned experiment's selection is (the report's Tuning section reads it)."""
-    return ExperimentPaths(out_dir).root / TUNING_DIR / SELECTION_JSON
-
-
 __all__ = [
-    "SCORES_PARQUET",
-    "SELECTION_JSON",
-    "TUNING_DIR",
     "check_validation_is_held_out",
     "final_stage_config",
     "run_tuned_experiment",

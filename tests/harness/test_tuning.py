@@ -19,11 +19,10 @@ import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
+from contract.layout import TUNING_SCORES, TUNING_SELECTION
 from harness.config import ConfigError, ExperimentConfig, load_config, validate_config
 from harness.config_tuning import SearchSpace, tuned_arm_name
 from harness.experiment.tuning import (
-    SCORES_PARQUET,
-    SELECTION_JSON,
     check_validation_is_held_out,
     final_stage_config,
     run_tuned_experiment,
@@ -267,14 +266,14 @@ def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
                for p in tuning)  # fmt: skip
     assert all(json.loads((p / "eval_sets.json").read_text())["eval_sets"] == ["test"]
                for p in final)  # fmt: skip
-    selection = json.loads((out / "tuning" / SELECTION_JSON).read_text())
+    selection = json.loads((out / "tuning" / TUNING_SELECTION).read_text())
     for arm in ("gspo", "grpo"):  # lr 1e-3 scores best in the fake runner
         assert selection["arms"][arm]["selected"] == 1
         assert selection["arms"][arm]["settings"] == {"lr": 1e-3}
         # the report's final score (mean of the last 2 evals, steps 2 and 4: 0.1 and 0.2)
         # plus 0.001 x seed, averaged over seeds 100 and 101
         assert selection["arms"][arm]["score"] == pytest.approx(0.15 + 0.1005)
-    scores = pd.read_parquet(out / "tuning" / SCORES_PARQUET)
+    scores = pd.read_parquet(out / "tuning" / TUNING_SCORES)
     assert len(scores) == 8 and list(scores.columns) == [
         "arm", "config", "seed", "score", "status", "param.lr",
     ]  # fmt: skip
@@ -300,18 +299,18 @@ def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
     failed = launch(root, FAKE_FAIL_ARMS=tuned_arm_name("grpo", 0))
     assert failed.exit_code == 1
     out = root / "out"
-    assert not (out / "tuning" / SELECTION_JSON).exists() and not (out / "trials").exists()
+    assert not (out / "tuning" / TUNING_SELECTION).exists() and not (out / "trials").exists()
     # resumed: only the failed configuration runs again; then a final arm fails
     failed = launch(root, FAKE_FAIL_ARMS="gspo")
     assert failed.exit_code == 1
     runs = {p.name: attempts(p) for p in trial_dirs(out / "tuning" / "trials")}
     assert all(n == (2 if name.startswith("grpo-c0") else 1) for name, n in runs.items())
-    expected = json.loads((out / "tuning" / SELECTION_JSON).read_text())
+    expected = json.loads((out / "tuning" / TUNING_SELECTION).read_text())
     assert {arm: e["selected"] for arm, e in expected["arms"].items()} == {"gspo": 1, "grpo": 1}
     # resumed again: tuning untouched, the selection identical, the failed final trials finish
     assert launch(root).exit_code == 0
     assert {p.name: attempts(p) for p in trial_dirs(out / "tuning" / "trials")} == runs
-    assert json.loads((out / "tuning" / SELECTION_JSON).read_text()) == expected
+    assert json.loads((out / "tuning" / TUNING_SELECTION).read_text()) == expected
     final = {p.name: attempts(p) for p in trial_dirs(out / "trials")}
     assert all(n == (2 if name.startswith("gspo") else 1) for name, n in final.items())
 
@@ -337,10 +336,10 @@ def test_a_killed_run_resumes_the_tuning_stage_and_selects_the_same(tmp_path: Pa
     assert process.wait(timeout=60) == 128 + signal.SIGTERM
     finished = _completed(trials)
     assert 0 < len(finished) < 8
-    assert not (tmp_path / "out" / "tuning" / SELECTION_JSON).exists()
+    assert not (tmp_path / "out" / "tuning" / TUNING_SELECTION).exists()
     assert launch(tmp_path).exit_code == 0
     assert all(attempts(trials / name) == 1 for name in finished)
-    selection = json.loads((tmp_path / "out" / "tuning" / SELECTION_JSON).read_text())
+    selection = json.loads((tmp_path / "out" / "tuning" / TUNING_SELECTION).read_text())
     assert {arm: e["selected"] for arm, e in selection["arms"].items()} == {"gspo": 1, "grpo": 1}
     assert len(trial_dirs(tmp_path / "out" / "trials")) == 4
 
