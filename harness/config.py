@@ -434,13 +434,14 @@ def _check_tuning(cfg: ExperimentConfig) -> None:
             try:
                 validate_arm({**arm.model_dump(mode="json"), **settings})
             except (ValueError, ValidationError) as exc:
+                problem = _error_messages(exc)
                 raise ValueError(
-                    f"tuning.space.{arm.name} configuration {index} {settings}: {_first_line(exc)}"
+                    f"tuning.space.{arm.name} configuration {index} {settings}: {problem}"
                 ) from None
 
 
-def _first_line(exc: Exception) -> str:
-    """A validation error's message without pydantic's header and URL lines."""
+def _error_messages(exc: Exception) -> str:
+    """A validation error's messages, joined, without pydantic's header and URL lines."""
     if isinstance(exc, ValidationError):
         return "; ".join(str(e["msg"]) for e in exc.errors())
     return str(exc)

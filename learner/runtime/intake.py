@@ -57,6 +57,7 @@ from buffer.tickets import (
     draw_batch,
     draw_round,
     fixed_policy_version,
+    round_tickets,
     ticket_batch,
     ticket_round,
 )
@@ -156,7 +157,7 @@ def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: in
         )
     prompt = group.prompt_index
     if ticket_batch(prompt, per_step) != batch or ticket_round(prompt) != round_index:
-        first = key - batch + batch * per_step  # the draw's first ticket
+        first = round_tickets(batch, round_index, per_step)[0]
         return f"prompt_index {prompt} is outside {where}'s [{first}, {first + per_step})"
     want_id = make_group_id(rules.seed, batch, prompt)
     if group.group_id != want_id:
