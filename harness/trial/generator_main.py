@@ -327,7 +327,7 @@ def _generate(
         if not claimed:
             # With dynamic sampling the learner may still ask for an extra round of its
             # last batch: such generators run until the trial's stop request.
-            if tickets.all_done(total) and not extra_rounds:
+            if not extra_rounds and tickets.all_done(total):
                 break
             idle_from = time.monotonic()
             with contextlib.suppress(TimeoutError):
