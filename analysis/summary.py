@@ -1,13 +1,17 @@
 """The long-format summary table: every number the report shows, one row each.
 
-Columns: section, arm, lag, comparison, statistic, value, ci_low, ci_high, n, note. The
-Markdown and HTML tables are pivots of this frame, so the Parquet file and the report cannot
-disagree.
+Columns: section, arm, lag, comparison, statistic, value, ci_low, ci_high, n, note, and two
+typed keys a row carries where it has them: `budget` (the number of configurations tried a
+tuning row is at; its `comparison` says 'budget 3' for the reader) and `seeds` (the seeds a row
+lists, as integers; its note lists them for the reader). Text is written for readers and never
+parsed back: a number a section reads from the frame is in a typed column. The Markdown and
+HTML tables are pivots of this frame, so the Parquet file and the report cannot disagree.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pandas as pd
 
@@ -24,6 +28,8 @@ SUMMARY_COLUMNS = [
     "ci_high",
     "n",
     "note",
+    "budget",
+    "seeds",
 ]
 _DTYPES = {
     "section": "string",
@@ -36,6 +42,8 @@ _DTYPES = {
     "ci_high": "float64",
     "n": "Int64",
     "note": "string",
+    "budget": "Int64",
+    "seeds": "object",  # a list of ints, or None
 }
 
 
@@ -51,8 +59,11 @@ def row(
     ci_high: float = math.nan,
     n: int | None = None,
     note: str = "",
+    budget: int | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> dict:
-    """One summary row; `arm`/`lag`/`comparison` are None where they do not apply."""
+    """One summary row; `arm`/`lag`/`comparison`/`budget`/`seeds` are None where they do not
+    apply."""
     return {
         "section": section,
         "arm": arm,
@@ -64,6 +75,8 @@ def row(
         "ci_high": float(ci_high),
         "n": n,
         "note": note,
+        "budget": budget,
+        "seeds": None if seeds is None else [int(s) for s in seeds],
     }
 
 

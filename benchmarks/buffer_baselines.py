@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow
@@ -45,9 +46,14 @@ class Meter:
 
 
 def run_raw(client: redis.Redis, stream: str, groups: list[RolloutGroup], batch: int) -> Meter:
+    return _metered(client, stream, lambda: _raw_loop(client, stream, groups, batch))
+
+
+def _metered(client: redis.Redis, stream: str, loop: Callable[[], None]) -> Meter:
+    """Time one baseline's loop on a fresh `stream` (consumer group `g`), deleted afterwards."""
     client.xgroup_create(stream, "g", id="0", mkstream=True)
     with Meter(client) as meter:
-        _raw_loop(client, stream, groups, batch)
+        loop()
     client.delete(stream)
     return meter
 
@@ -151,11 +157,7 @@ def tensors_from_lists(groups: list[dict]) -> dict[str, torch.Tensor]:
 
 
 def run_pickle(client: redis.Redis, stream: str, lists: list[dict], batch: int) -> Meter:
-    client.xgroup_create(stream, "g", id="0", mkstream=True)
-    with Meter(client) as meter:
-        _pickle_loop(client, stream, lists, batch)
-    client.delete(stream)
-    return meter
+    return _metered(client, stream, lambda: _pickle_loop(client, stream, lists, batch))
 
 
 def _pickle_loop(client: redis.Redis, stream: str, lists: list[dict], batch: int) -> None:

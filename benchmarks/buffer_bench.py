@@ -43,7 +43,9 @@ from benchmarks.buffer_baselines import PAD_ID, Meter, as_lists, numpy_to_arrow,
 from buffer.collate import collate
 from buffer.config import BufferConfig
 from buffer.connection import connect
-from buffer.rollout_buffer import BufferFullError, RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.outbox import BufferFullError
+from buffer.producer import RolloutProducer
 from buffer.schema import RolloutGroup, encode_group, make_group_id
 from buffer.server import EmbeddedRedis
 
@@ -79,24 +81,32 @@ def make_groups(n: int, args: argparse.Namespace, run_id: str, seed: int = 0) ->
 
 
 def run_buffer(client: redis.Redis, run_id: str, groups: list[RolloutGroup], batch: int) -> Meter:
-    buffer = RolloutBuffer(client, run_id, BufferConfig(max_depth=4 * batch))
+    config = BufferConfig(max_depth=4 * batch)
+    producer = RolloutProducer(client, run_id, config)
+    consumer = RolloutConsumer(client, run_id, config)
     with Meter(client) as meter:
-        _buffer_loop(buffer, groups, batch)
+        _buffer_loop(producer, consumer, groups, batch)
     return meter
 
 
 def stage_breakdown(client: redis.Redis, args: argparse.Namespace) -> dict[str, float]:
     """Client CPU µs per group of each stage of the buffer path (a separate, unmeasured run)."""
     groups = make_groups(args.groups_per_round, args, "bench-stages", seed=99)
-    buffer = RolloutBuffer(client, "bench-stages", BufferConfig(max_depth=4 * args.batch))
+    config = BufferConfig(max_depth=4 * args.batch)
+    producer = RolloutProducer(client, "bench-stages", config)
+    consumer = RolloutConsumer(client, "bench-stages", config)
     stages: Counter = Counter()
-    _buffer_loop(buffer, groups, args.batch, stages)
+    _buffer_loop(producer, consumer, groups, args.batch, stages)
     client.delete(*client.keys("gspo:bench-stages:*"))
     return {name: round(seconds / len(groups) * 1e6) for name, seconds in stages.items()}
 
 
 def _buffer_loop(
-    buffer: RolloutBuffer, groups: list[RolloutGroup], batch: int, stages: Counter | None = None
+    producer: RolloutProducer,
+    consumer: RolloutConsumer,
+    groups: list[RolloutGroup],
+    batch: int,
+    stages: Counter | None = None,
 ) -> None:
     """The measured path; `stages` (if given) collects this process's CPU seconds per stage."""
     clock = time.process_time
@@ -107,16 +117,16 @@ def _buffer_loop(
         for group in chunk:
             encode_group(group)  # timed alone to split push into encode vs digest + Redis
         t1 = clock()
-        buffer.push_many(chunk, batch_index=k)
+        producer.push_many(chunk, batch_index=k)
         stages["encode"] += t1 - t0
         stages["push_without_encode"] += clock() - t1 - (t1 - t0)
         t0 = clock()
-        deliveries = buffer.take_batch(k, batch, consumer="bench", timeout_s=30)
+        deliveries = consumer.take_batch(k, batch, consumer="bench", timeout_s=30)
         t1 = clock()
         tensors = collate([d.group for d in deliveries], pad_id=PAD_ID)
         t2 = clock()
         assert tensors.input_ids.shape[0] == batch * groups[0].num_samples
-        buffer.commit(deliveries)
+        consumer.commit(deliveries)
         stages["take_and_decode"] += t1 - t0
         stages["collate"] += t2 - t1
         stages["commit"] += clock() - t2
@@ -180,13 +190,13 @@ def _median_ratio(numerators: list[float], denominators: list[float], digits: in
 
 def _producer(url: str, run_id: str, args: argparse.Namespace, *, seed: int, ready, stop) -> None:
     config = BufferConfig(max_depth=args.max_depth, push_timeout_s=1.0)
-    buffer = RolloutBuffer(connect(url), run_id, config)
+    producer = RolloutProducer(connect(url), run_id, config)
     groups = make_groups(args.memory_groups, args, run_id, seed=seed)
     ready.set()
     for group in groups:
         while not stop.is_set():
             try:
-                buffer.push(group, batch_index=0)
+                producer.push(group, batch_index=0)
                 break
             except BufferFullError:
                 continue  # full is the point of this phase; retry until told to stop
@@ -200,7 +210,7 @@ def memory_bound(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
     with EmbeddedRedis(data_dir, appendfsync="everysec") as server:
         client = connect(server.url)
         run_id = "bench-memory"
-        buffer = RolloutBuffer(client, run_id, BufferConfig(max_depth=args.max_depth))
+        consumer = RolloutConsumer(client, run_id, BufferConfig(max_depth=args.max_depth))
         stop = context.Event()
         readies = [context.Event() for _ in range(args.producers)]
         producers = [
@@ -220,11 +230,11 @@ def memory_bound(args: argparse.Namespace, data_dir: Path) -> dict[str, object]:
         peak_depth, peak_rss, consumed = 0, rss_start, 0
         stop_at = time.monotonic() + args.memory_seconds
         while time.monotonic() < stop_at:
-            result = buffer.take(args.batch, 0, 0, consumer="slow", timeout_s=30)
+            result = consumer.take(args.batch, 0, 0, consumer="slow", timeout_s=30)
             collate([d.group for d in result.deliveries], pad_id=PAD_ID)
             time.sleep(args.train_seconds)  # the learner is slower than the producers
-            peak_depth = max(peak_depth, buffer.depth())
-            buffer.commit(result.deliveries)
+            peak_depth = max(peak_depth, consumer.depth())
+            consumer.commit(result.deliveries)
             consumed += len(result.deliveries)
             peak_rss = max(peak_rss, me.memory_info().rss)
         stop.set()

@@ -33,8 +33,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from learner.algorithms.advantages import group_advantages
-from learner.algorithms.objectives import POLICY_LOSSES
-from learner.config import default_options
+from learner.algorithms.objectives import POLICY_LOSSES, PolicyBatch, reduce_loss
+from learner.config import make_arm
 from learner.runtime.forward import policy_logprobs
 
 # Peak dense bf16 tensor FLOPs (no sparsity), from the vendors' data sheets.
@@ -58,7 +58,9 @@ def peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def build_model(args: argparse.Namespace) -> Qwen2ForCausalLM:
+def build_model(args: argparse.Namespace, max_positions: int) -> Qwen2ForCausalLM:
+    """A random-init Qwen2 of `--vocab`, `--hidden`, `--layers` with an untied head (as Qwen2.5
+    from 3B up); shared with learner_memory_bench, so both measure the same model."""
     config = Qwen2Config(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -66,7 +68,7 @@ def build_model(args: argparse.Namespace) -> Qwen2ForCausalLM:
         num_hidden_layers=args.layers,
         num_attention_heads=args.hidden // 64,
         num_key_value_heads=max(1, args.hidden // 256),
-        max_position_embeddings=args.seq_len,
+        max_position_embeddings=max_positions,
         tie_word_embeddings=False,
     )
     torch.manual_seed(0)
@@ -104,9 +106,9 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         sys.exit("learner_bench: --device cuda but torch sees no CUDA device; refusing to run")
     device = torch.device(args.device)
 
-    model = build_model(args).to(device)
+    model = build_model(args, args.seq_len).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    gspo_loss, gspo_options = POLICY_LOSSES["gspo"], default_options("gspo")
+    gspo_loss, gspo_arm = POLICY_LOSSES["gspo"], make_arm(name="gspo", objective="gspo")
     gen = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, args.vocab, (args.batch, args.seq_len), generator=gen)
     attention = torch.ones_like(input_ids)
@@ -129,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     def update() -> None:
         with autocast:
             logprobs, _ = policy_logprobs(model, input_ids, attention)
-        loss, _ = gspo_loss(logprobs.float(), old, advantages, mask, gspo_options)
-        loss.backward()
+        batch = PolicyBatch.of(logprobs.float(), old, advantages, mask)
+        reduce_loss(gspo_loss(batch, gspo_arm).loss, batch.lengths).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

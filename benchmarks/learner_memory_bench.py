@@ -73,11 +73,11 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
-from transformers import Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.learner_bench import build_model
 from buffer.collate import RolloutBatch, collate
 from buffer.schema import RolloutGroup
 from learner.config import LearnerConfig, make_arm
@@ -124,19 +124,8 @@ def settings(args: argparse.Namespace) -> list[Setting]:
 
 
 def save_model(args: argparse.Namespace, directory: Path) -> int:
-    """A random-init Qwen2 (untied head, as Qwen2.5 from 3B up) in `directory`; its parameters."""
-    config = Qwen2Config(
-        vocab_size=args.vocab,
-        hidden_size=args.hidden,
-        intermediate_size=4 * args.hidden,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.hidden // 64,
-        num_key_value_heads=max(1, args.hidden // 256),
-        max_position_embeddings=args.prompt_len + args.response_len,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config)
+    """learner_bench's random-init Qwen2 (untied head) in `directory`; its parameters."""
+    model = build_model(args, args.prompt_len + args.response_len)
     model.save_pretrained(directory)
     return sum(p.numel() for p in model.parameters())
 

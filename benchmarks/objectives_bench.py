@@ -28,15 +28,15 @@ import json
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from learner.algorithms.advantages import group_advantages
 from learner.algorithms.masking import masked_mean
-from learner.algorithms.objectives import POLICY_LOSSES
-from learner.config import default_options
+from learner.algorithms.objectives import POLICY_LOSSES, PolicyBatch, reduce_loss
+from learner.config import make_arm
 
 TARGET_RATIO = 1.1
 """The objective's cost budget from logits, as a multiple of the NLL baseline's (issue 16)."""
@@ -85,22 +85,28 @@ def cases(x: Inputs, logprobs: Callable[[], Tensor]) -> dict[str, Callable[[], T
     """Name -> closure returning the loss; 'nll' is the baseline. `logprobs()` yields the [B, T]
     logprobs each case starts from (the leaf itself, or log_softmax + gather of leaf logits)."""
     old, adv, mask = x.old_logprobs, x.advantages, x.mask
-    losses = POLICY_LOSSES
-    defaults = {name: default_options(name) for name in ("gspo", "gspo_token", "ppo")}
+
+    def loss(name: str, advantages: Tensor, **settings: object) -> Callable[[], Tensor]:
+        """The objective's one call and the update's reducer, at the arm's settings."""
+        arm = make_arm(name=name, objective=name, **settings)
+
+        def call() -> Tensor:
+            batch = PolicyBatch.of(logprobs(), old, advantages, mask)
+            terms = POLICY_LOSSES[name](batch, arm)
+            return reduce_loss(terms.loss, batch.lengths, max_len=x.max_len)
+
+        return call
+
     out: dict[str, Callable[[], Tensor]] = {
         "nll": lambda: -masked_mean(logprobs(), mask),
-        "gspo": lambda: losses["gspo"](logprobs(), old, adv, mask, defaults["gspo"])[0],
-        "gspo_token": lambda: losses["gspo_token"](
-            logprobs(), old, adv, mask, defaults["gspo_token"]
-        )[0],
-        "ppo": lambda: losses["ppo"](logprobs(), old, x.token_advantages, mask, defaults["ppo"])[0],
+        "gspo": loss("gspo", adv),
+        "gspo_token": loss("gspo_token", adv),
+        "ppo": loss("ppo", x.token_advantages),
     }
     for name in ZOO:  # sequence-level advantages, paper defaults
-        options = default_options(name)
-        out[name] = lambda n=name, o=options: losses[n](logprobs(), old, adv, mask, o)[0]
+        out[name] = loss(name, adv)
     for agg in ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"):
-        options = replace(default_options("grpo", x.max_len), agg=agg)
-        out[f"grpo[{agg}]"] = lambda o=options: losses["grpo"](logprobs(), old, adv, mask, o)[0]
+        out[f"grpo[{agg}]"] = loss("grpo", adv, agg=agg)
     return out
 
 

@@ -171,14 +171,6 @@ def redis_failures_in_one_line(url: str) -> Iterator[None]:
         ) from exc
 
 
-def delete_run(client: redis.Redis, keys: RunKeys) -> int:
-    """Remove every key of one run (a fresh trial reusing a run id); returns how many."""
-    doomed = list(client.scan_iter(match=f"{keys.prefix}*", count=1000))
-    for start in range(0, len(doomed), 1000):
-        client.unlink(*doomed[start : start + 1000])
-    return len(doomed)
-
-
 @dataclass(frozen=True)
 class RunKeys:
     """Names of every Redis key one run uses (one place, so no module invents its own)."""

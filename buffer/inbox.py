@@ -96,7 +96,7 @@ class Inbox:
     ) -> list[Delivery]:
         """Up to `count` fresh, checked, non-duplicate deliveries; waits at most ~`block_s`.
 
-        `accept` (see `RolloutBuffer.take_batch`) runs on each decoded group *before* duplicate
+        `accept` (see `RolloutConsumer.take_batch`) runs on each decoded group *before* duplicate
         detection, so a refused group cannot make the real group of the same id look like a
         duplicate of it."""
         try:
@@ -213,7 +213,7 @@ class Inbox:
         ]
         if missing:
             raise RecordError(
-                f"entry {entry_id} lacks fields {missing}; push with RolloutBuffer.push"
+                f"entry {entry_id} lacks fields {missing}; push with RolloutProducer.push"
             )
         try:
             batch_index = int(fields[b"batch_index"])

@@ -3,19 +3,20 @@
 Generator worker::
 
     with connect(cfg.buffer.redis_url, cfg.buffer.tls_ca_file) as client:
-        buffer = RolloutBuffer(client, run_id, cfg.buffer)
+        producer = RolloutProducer(client, run_id, cfg.buffer)  # creates no consumer group
         tickets = TicketDispenser(client, run_id)
         versions = VersionRegistry(client, run_id)
-        while not buffer.stop_requested():
+        while not producer.stop_requested():
             version, location = versions.current()          # after the learner published v0
             ticket = tickets.claim(generator_id, admission_limit(version, lag, prompts_per_step))
             if ticket is None: versions.wait_for_version(version + 1, timeout_s); continue
             batch = ticket_batch(ticket, prompts_per_step)
             # fixed mode: weights of exactly fixed_policy_version(batch, lag); bounded: latest
-            buffer.push(group, batch, ticket=ticket)             # completes the ticket
+            producer.push(group, batch, ticket=ticket)           # completes the ticket
 
 Learner loop::
 
+    buffer = RolloutConsumer(client, run_id, cfg.buffer)     # creates the consumer group
     deliveries = buffer.take_batch(step, prompts_per_step, consumer, timeout_s,      # fixed
                                    accept=check, slots=trial_slots)
     deliveries = buffer.take(prompts_per_step, step, max_lag, consumer, timeout_s,
@@ -28,6 +29,9 @@ Learner loop::
     ... at the next checkpoint (which records the trained group ids) ...
     buffer.commit(deliveries)          # marks the groups trained and acks them in one MULTI
 
+Run control (supervisor, watcher): `request_stop(client, run_id)`, `stop_requested`, `clear_stop`
+and `delete_run(client, run_id)`, plain functions of `buffer.run_control`.
+
 The learner types against the protocols at the end of this module (RolloutSource, WeightWriter,
 VersionPublisher, TelemetryReader): a handful of methods each, satisfied by the classes here.
 """
@@ -38,9 +42,11 @@ from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
+from buffer.consumer import Check, RolloutConsumer, SlotRefusedError, TakeResult
 from buffer.inbox import Delivery
 from buffer.outbox import BufferFullError
-from buffer.rollout_buffer import Check, RolloutBuffer, SlotRefusedError, TakeResult
+from buffer.producer import RolloutProducer
+from buffer.run_control import clear_stop, delete_run, request_stop, stop_requested
 from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.tickets import (
@@ -69,8 +75,9 @@ __all__ = [
     "Check",
     "Delivery",
     "RecordError",
-    "RolloutBuffer",
+    "RolloutConsumer",
     "RolloutGroup",
+    "RolloutProducer",
     "RolloutSink",
     "RolloutSource",
     "RunKeys",
@@ -83,8 +90,10 @@ __all__ = [
     "VersionRegistry",
     "WeightWriter",
     "admission_limit",
+    "clear_stop",
     "connect",
     "decode_group",
+    "delete_run",
     "draw_batch",
     "draw_key",
     "draw_round",
@@ -92,7 +101,9 @@ __all__ = [
     "fixed_policy_version",
     "make_group_id",
     "redact",
+    "request_stop",
     "round_tickets",
+    "stop_requested",
     "ticket_batch",
     "ticket_draw",
     "ticket_round",
@@ -100,12 +111,13 @@ __all__ = [
 
 
 # ---- the learner's and the generator's view: what they call, nothing more ----------------------
-# RolloutBuffer, buffer.weight_store.WeightStore, VersionRegistry and Telemetry satisfy these
+# RolloutProducer, RolloutConsumer, buffer.weight_store.WeightStore, VersionRegistry and Telemetry
+# satisfy these
 # structurally, so the learner's signatures name what it uses, not the Redis-backed classes.
 
 
 class RolloutSink(Protocol):
-    """Where a generator pushes its groups (RolloutBuffer)."""
+    """Where a generator pushes its groups (RolloutProducer)."""
 
     def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str: ...
 
@@ -118,7 +130,7 @@ class RolloutSink(Protocol):
 
 
 class RolloutSource(Protocol):
-    """Where the learner takes groups from and settles them (RolloutBuffer)."""
+    """Where the learner takes groups from and settles them (RolloutConsumer)."""
 
     def take_batch(
         self,

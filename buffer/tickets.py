@@ -2,7 +2,7 @@
 
 Ticket t (0, 1, 2, ...) means prompt index t of batch t // prompts_per_step. A generator claims a
 ticket, generates that group, and pushes it; the push completes the ticket atomically (see
-`RolloutBuffer.push`). A claim carries a lease on the Redis clock (so generator clocks never
+`RolloutProducer.push`). A claim carries a lease on the Redis clock (so generator clocks never
 matter); a crashed generator's ticket is handed out again once its lease expires, and the lowest
 such ticket goes first so the oldest batch is never starved. If the slow original owner still
 pushes, the duplicate is harmless: consumers dedupe by group id.
@@ -208,7 +208,8 @@ class TicketDispenser:
         """The lowest expired-lease ticket below `limit`, else the next new one, else None.
 
         None means: nothing may start now (wait for a new policy version) or a stop was requested
-        (check `stop_requested`). Atomic (one Lua script), so two generators never get one ticket.
+        (check `buffer.run_control.stop_requested`). Atomic (one Lua script), so two generators
+        never get one ticket.
         """
         k = self._keys
         keys = [
@@ -314,23 +315,3 @@ class TicketDispenser:
         """Issued, unfinished tickets and the generator holding each."""
         owners = self._client.hgetall(self._keys.ticket_owners)
         return {int(t): g.decode() for t, g in owners.items()}
-
-    def request_stop(self) -> None:
-        """Ask every generator of the run to stop: further claims return None."""
-        request_stop(self._client, self._keys)
-
-    def stop_requested(self) -> bool:
-        return stop_requested(self._client, self._keys)
-
-    def clear_stop(self) -> None:
-        """Withdraw a stop request: a trial (re)starting must not inherit the last teardown's."""
-        self._client.delete(self._keys.stop)
-
-
-def request_stop(client: redis.Redis, keys: RunKeys) -> None:
-    """Set the run's stop flag (generators finish their current group, then exit)."""
-    client.set(keys.stop, b"1")
-
-
-def stop_requested(client: redis.Redis, keys: RunKeys) -> bool:
-    return bool(client.exists(keys.stop))

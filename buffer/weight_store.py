@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from contract.durable import fsync_dir, fsync_file
+
 logger = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
@@ -73,13 +75,13 @@ class WeightStore:
             if config_dir is not None:
                 _copy_config_files(Path(config_dir), staging)
             for path in staging.iterdir():
-                _fsync_file(path)
-            _fsync_dir(staging)
+                fsync_file(path)
+            fsync_dir(staging)
             if final.exists():
                 logger.warning("weight store: replacing existing version %s", final)
                 self._remove(final)
             os.rename(staging, final)
-            _fsync_dir(self.root)
+            fsync_dir(self.root)
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
@@ -178,16 +180,3 @@ def _copy_config_files(source: Path, target: Path) -> None:
         if entry.name.endswith(_WEIGHT_SUFFIXES):
             continue
         shutil.copyfile(entry, target / entry.name)
-
-
-def _fsync_file(path: Path) -> None:
-    with path.open("rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

@@ -7,6 +7,10 @@
 - `contract.metrics`: the per-step metric names and the rule that combines each one.
 - `contract.step_tables`: `metrics.parquet/` and `evals.parquet/`, one Parquet part per step: the
   one writer (atomic, truncation on resume) and reader (schema union, damaged parts reported).
+- `contract.durable`: the one atomic write, fsync of a directory (or a tree) and file digest.
+- `contract.checkpoint_manifest`: a checkpoint's `manifest.json` (its seal and its records).
+- `contract.config_dump`: a config's resolved form, without the fields a table omits at their
+  defaults (the rows: `learner.config.omitted`, `harness.config.OMITTED_AT_DEFAULT`).
 
 This package imports nothing from harness, learner, analysis or buffer, so every other package
 may depend on it and analysis depends on nothing else.

@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from contract.durable import write_atomic
 from contract.layout import TrialPaths
 from contract.trial import StalenessMode, TrialStatus
 
@@ -140,15 +141,7 @@ def rewrite_trial_record_in_place(trial_dir: Path, record: TrialRecord) -> None:
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
     """Replace `path` atomically so a reader (or a kill) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str))
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a failed write or replace leaves no temporary behind
-        raise
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str).encode())
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

@@ -20,7 +20,6 @@ reads the rest (analysis: one broken file never hides a trial); `read_table` rai
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+
+from contract.durable import write_atomic
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
 
@@ -56,22 +57,8 @@ def write_part(root: Path, step: int, table: pa.Table) -> Path:
     and a kill leaves at most a hidden temporary file, which no listing here returns."""
     final = part_path(root, step)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp")
-    pq.write_table(table, tmp)
-    with tmp.open("rb") as handle:
-        os.fsync(handle.fileno())
-    tmp.replace(final)
-    fsync_dir(final.parent)
+    write_atomic(final, lambda tmp: pq.write_table(table, tmp))
     return final
-
-
-def fsync_dir(directory: Path) -> None:
-    """Make a rename into `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def part_steps(root: Path) -> list[int]:

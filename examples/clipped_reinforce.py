@@ -25,14 +25,9 @@ from typing import ClassVar, Literal
 
 import torch
 from pydantic import Field
-from torch import Tensor
 
 from learner.algorithms.kl import LOG_RATIO_CLAMP
-from learner.algorithms.masking import aggregate_padded
-from learner.algorithms.objectives import PolicyLoss, Stats
-from learner.algorithms.objectives.inputs import PolicyBatch, kl_ref_term, masked_constant
-from learner.algorithms.objectives.stats import ClipUnits, policy_stats
-from learner.algorithms.options import ObjectiveOptions
+from learner.algorithms.objectives import PolicyBatch, PolicyTerms, masked_constant, policy_terms
 from learner.config import GroupArm
 from learner.plugins import register_objective
 from learner.vocabulary import LossAggregation
@@ -51,26 +46,23 @@ class ClippedReinforceArm(GroupArm):
 
 
 @register_objective(arm=ClippedReinforceArm)
-@PolicyLoss
-def clipped_reinforce_loss(
-    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
-) -> tuple[Tensor, Stats]:
-    """Token-mean of -keep_t * w_t * A_i * log pi_theta(y_t) (module docstring)."""
+def clipped_reinforce_loss(batch: PolicyBatch, settings: ClippedReinforceArm) -> PolicyTerms:
+    """Per-token terms -keep_t * w_t * A_i * log pi_theta(y_t), token-mean (module docstring).
+
+    The objective returns terms, never a mean: the learner aggregates them with the whole
+    minibatch's counts (`reduce_loss`), so micro-batches and ranks add up exactly."""
     mask = batch.mask
-    adv = masked_constant(advantages, mask, "advantages")  # (B, T), 0 off the mask
+    adv = masked_constant(batch.advantages, mask, "advantages")  # (B, T), 0 off the mask
     ratio = torch.exp(batch.log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
-    past_high = (adv > 0) & (ratio > 1 + options.eps_high)
-    past_low = (adv < 0) & (ratio < 1 - options.eps_low)
+    past_high = (adv > 0) & (ratio > 1 + settings.eps_high)
+    past_low = (adv < 0) & (ratio < 1 - settings.eps_low)
     masked = (past_high | past_low) & mask  # (B, T)
     weight = (~masked).float()
     if batch.is_weights is not None:
         weight = weight * masked_constant(batch.is_weights, mask, "is_weights")
     logprobs = torch.where(mask, batch.logprobs.float(), 0.0)  # (B, T); padding may hold junk
-    per_token = -(weight * adv * logprobs)
-    # batch.totals: the whole minibatch's counts, so micro-batches and ranks add up exactly.
-    loss = aggregate_padded(per_token, batch.lengths, options.agg, options.max_len, batch.totals)
-    kl_term, kl_ref = kl_ref_term(batch, options)
-    if kl_term is not None:
-        loss = loss + kl_term
-    units = ClipUnits(ratio, masked.float(), valid=mask, tokens=None, is_token_ratio=True)
-    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
+    per_token = -(weight * adv * logprobs)  # (B, T)
+    # The stats: the ratio the trust region reads, and the masked tokens as `clipped`.
+    return policy_terms(
+        batch, settings, per_token, settings.aggregation, ratio=ratio, clipped=masked.float()
+    )

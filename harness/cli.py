@@ -5,6 +5,9 @@ trial, unreachable Redis) exit non-zero with one line naming the field or file; 
 for bugs. Every such error is a ConfigError (or a subclass: ModelPathError, TaskFileError), so each
 command needs one `except ConfigError`.
 
+The commands that run one trial and its components are in `harness.cli_trial`; what every
+command shares (consoles, arguments, `fail`) is in `harness.cli_common`.
+
 Each command imports what it runs inside its own body: `harness --help` and a config error answer
 without loading torch, vLLM, Ray or matplotlib. None of these imports hides a cycle
 (`tests/contract/test_dependencies.py` counts them).
@@ -13,17 +16,24 @@ without loading torch, vLLM, Ray or matplotlib. None of these imports hides a cy
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 import yaml
-from rich.console import Console
-from rich.markup import escape
 
-from contract.trial import StalenessMode, TrialSpec
-from harness.config import ConfigError, ExperimentConfig, load_config
+from harness.cli_common import (
+    ConfigArg,
+    OverridesArg,
+    StepsOpt,
+    check_inputs,
+    check_out,
+    console,
+    fail,
+    load_or_exit,
+)
+from harness.cli_trial import generator, learner, trial
+from harness.config import ConfigError, resolved_dump
 
 app = typer.Typer(
     help="A reproducible comparison harness for RL algorithms on language models "
@@ -38,9 +48,6 @@ app.add_typer(data_app, name="data")
 
 PRIVATE_UMASK = 0o077  # files 0600, directories 0700
 
-console = Console()
-err_console = Console(stderr=True, soft_wrap=True)
-
 
 @app.callback()
 def private_files() -> None:
@@ -53,65 +60,11 @@ def private_files() -> None:
     os.umask(PRIVATE_UMASK)
 
 
-ConfigArg = Annotated[Path, typer.Argument(help="Experiment YAML, e.g. configs/quickstart.yaml.")]
-OverridesArg = Annotated[
-    list[str] | None,
-    typer.Argument(
-        help="Dotted overrides such as `learner.lr=1e-5 seeds=[0,1]`.", show_default=False
-    ),
-]
-
-
-def fail(message: str, code: int = 2) -> typer.Exit:
-    """Print a user-facing error and return the Exit to raise (the message is not markup: a
-    `[...]` in it, a list of columns say, is printed as written)."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-    return typer.Exit(code)
-
-
-def load_or_exit(config: Path, overrides: list[str] | None):
-    try:
-        return load_config(config, overrides or [])
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-
-
-def check_inputs(cfg: ExperimentConfig) -> None:
-    """Fail in one line, before any trial starts, when model.path or a task is unusable.
-
-    Only what is cheap is checked: a user model directory's files and context length, the whole
-    task file (read and split as the trial will), and that every eval set can be drawn (a
-    procedural task's held-out problems are finite); the built-in model is built later, by the
-    trial.
-    """
-    from harness.tasks.factory import held_out_prompts, make_task
-
-    try:
-        if cfg.model.path != "builtin":
-            from harness.models.factory import check_model_context, validate_model_dir
-
-            model_dir = validate_model_dir(Path(cfg.model.path).expanduser())
-            check_model_context(model_dir, cfg.generation.max_new_tokens)
-        # eval sets and mixture components too, each task once, named by where it is set
-        tasks = {id(cfg.task): ("", cfg.task)}
-        for name, _, task in cfg.train_components():
-            tasks.setdefault(id(task), (f"train_tasks.{name}: ", task))
-        for name, task in cfg.eval_sets():
-            tasks.setdefault(id(task), (f"evals.{name}: ", task))
-        for where, task in tasks.values():
-            try:
-                held_out_prompts(make_task(task), task)
-            except ConfigError as exc:
-                raise ConfigError(f"{where}{exc}") from None
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-
-
 @config_app.command("show")
 def config_show(config: ConfigArg, overrides: OverridesArg = None) -> None:
     """Print the resolved configuration (defaults filled, overrides applied) as YAML."""
     resolved = load_or_exit(config, overrides)
-    console.print(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False), end="")
+    console.print(yaml.safe_dump(resolved_dump(resolved), sort_keys=False), end="")
     console.print(f"# config hash: {resolved.config_hash()}", style="dim")
 
 
@@ -206,160 +159,10 @@ def data_gsm8k_format(
     console.print(f"wrote {len(frame)} rows to {out}", highlight=False)
 
 
-# Choices come from the contract's Literal, so a new mode needs no edit here.
-ModeOpt = Annotated[StalenessMode, typer.Option("--mode", help="Staleness mode.")]
-ArmOpt = Annotated[str, typer.Option("--arm", help="Arm name from the config's `arms`.")]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Trial seed.")]
-LagOpt = Annotated[int, typer.Option("--lag", help="Lag (fixed) or max lag (bounded).")]
-OutOpt = Annotated[Path, typer.Option("--out", help="Trial output directory.")]
-StepsOpt = Annotated[
-    int | None,
-    typer.Option("--steps", min=1, help="Cap on learner steps (smoke runs).", show_default=False),
-]
-
-
-def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> TrialSpec:
-    """The trial the options name; --mode is already one of STALENESS_MODES (typer checks)."""
-    try:
-        cfg.arm(arm)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-    if seed < 0:  # it seeds numpy's SeedSequence, which takes no negative numbers
-        raise fail(f"--seed must be >= 0, got {seed}")
-    if lag < 0:
-        raise fail(f"--lag must be >= 0, got {lag}")
-    return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)
-
-
-def check_out(out: str, option: str, command: str, *, uri_ok: bool) -> None:
-    """The output rule every command shares (harness.storage.output), as a one-line error."""
-    from harness.storage.output import check_output
-
-    try:
-        check_output(out, option=option, command=command, uri_ok=uri_ok)
-    except ConfigError as exc:
-        raise fail(str(exc)) from None
-
-
-def _redis_env() -> tuple[str, str]:
-    url, run_id = os.environ.get("HARNESS_REDIS_URL", ""), os.environ.get("HARNESS_RUN_ID", "")
-    if not url or not run_id:
-        raise fail(
-            "HARNESS_REDIS_URL and HARNESS_RUN_ID must be set (the trial runner sets them; "
-            "to run a component alone, point them at your Redis and the run's id)"
-        )
-    return url, run_id
-
-
-@app.command()
-def trial(
-    config: ConfigArg,
-    arm: ArmOpt,
-    seed: SeedOpt,
-    lag: LagOpt,
-    # A string, not a Path: Path("s3://k:s@b/p") is the local path "s3:/k:s@b/p"; check_out
-    # refuses a URI (and any path that cannot be a directory) before anything is written.
-    out: Annotated[str, typer.Option("--out", help="Trial output directory (a local path).")],
-    mode: ModeOpt = "fixed",
-    steps: StepsOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue a killed trial.")] = False,
-    overrides: OverridesArg = None,
-) -> None:
-    """Run one trial: embedded Redis (unless configured), generator(s) and learner processes."""
-    from contract.layout import TrialPaths
-    from harness.trial.prepare import check_resume_config
-    from harness.trial.supervisor import TrialFailedError, run_trial
-
-    cfg = load_or_exit(config, overrides)
-    spec = _trial_spec(cfg, arm, seed, lag, mode)
-    check_out(out, "--out", "harness trial", uri_ok=False)
-    check_inputs(cfg)
-    try:
-        if resume:  # before the supervisor's lock or any file: a refusal leaves the dir as is
-            check_resume_config(cfg, TrialPaths(Path(out)), spec.name)
-        outcome = run_trial(cfg, spec, Path(out), steps=steps, resume=resume)
-    except (TrialFailedError, ConfigError) as exc:
-        raise fail(str(exc)) from None
-    style = {"completed": "green", "diverged": "yellow"}.get(outcome.status, "red")
-    console.print(
-        f"[{style}]{spec.name}: {outcome.status}[/] after {outcome.steps_completed} steps"
-    )
-    if outcome.reason:  # not wrapped: a one-line reason stays one line for grep and logs
-        console.print(escape(outcome.reason), highlight=False, soft_wrap=True)
-    code = 1 if outcome.status == "failed" else 0
-    # The outcome is recorded and every child stopped: skip the interpreter's teardown. Ray's
-    # exit hooks would wait a minute for a GCS that is gone, and unloading torch and vLLM took
-    # 10-15 s on a loaded machine, which `harness run` (and a user) waited out after the fact.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-@app.command()
-def learner(
-    config: ConfigArg,
-    arm: ArmOpt,
-    seed: SeedOpt,
-    lag: LagOpt,
-    out: OutOpt,
-    mode: ModeOpt = "fixed",
-    steps: StepsOpt = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Resume from the checkpoint.")] = False,
-    overrides: OverridesArg = None,
-) -> None:
-    """Run one learner against a Redis URL ($HARNESS_REDIS_URL) and run id ($HARNESS_RUN_ID)."""
-    from buffer.versions import InitialWeightsMismatchError
-    from contract.layout import TrialPaths
-    from harness.trial.learner_main import run_learner_component
-
-    cfg = load_or_exit(config, overrides)
-    spec = _trial_spec(cfg, arm, seed, lag, mode)
-    url, run_id = _redis_env()
-    try:
-        run_learner_component(
-            cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
-        )
-    except (ConfigError, InitialWeightsMismatchError) as exc:
-        raise fail(str(exc)) from None
-
-
-@app.command()
-def generator(
-    config: ConfigArg,
-    arm: ArmOpt,
-    seed: SeedOpt,
-    lag: LagOpt,
-    out: OutOpt,
-    mode: ModeOpt = "fixed",
-    steps: StepsOpt = None,
-    generator_id: Annotated[
-        str | None,
-        typer.Option("--id", help="Unique generator id; default: host name and process id."),
-    ] = None,
-    overrides: OverridesArg = None,
-) -> None:
-    """Run one rollout generator against $HARNESS_REDIS_URL / $HARNESS_RUN_ID until done."""
-    import socket
-
-    from harness.trial.generator_main import GeneratorFatalError, run_generator_component
-    from harness.trial.processes import EXIT_NO_RESTART
-
-    generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
-    cfg = load_or_exit(config, overrides)
-    spec = _trial_spec(cfg, arm, seed, lag, mode)
-    url, run_id = _redis_env()
-    try:
-        run_generator_component(
-            cfg,
-            spec,
-            redis_url=url,
-            run_id=run_id,
-            generator_id=generator_id,
-            steps=steps,
-            trial_dir=out,  # generators write only Redis; weights are fetched here from a bucket
-        )
-    except (GeneratorFatalError, ConfigError) as exc:  # a restart would fail the same way
-        raise fail(str(exc), code=EXIT_NO_RESTART) from None
+# One trial and its component processes (`harness.cli_trial`), where `--help` lists them.
+app.command()(trial)
+app.command()(learner)
+app.command()(generator)
 
 
 def executor_overrides(executor: str | None, address: str | None) -> list[str]:

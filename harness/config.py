@@ -1,36 +1,39 @@
 """The experiment configuration: one pydantic model per concern, loaded from YAML + overrides.
 
 Arms are matched by construction: everything outside `arms` is shared, so the only difference
-between two trials of one seed and lag is the objective (design section 1).
+between two trials of one seed and lag is the objective (design section 1). The rules across
+sections are `harness.config_checks`. A config is written, hashed and logged in its resolved
+form (`resolved_dump`): its dump without the fields of one table, `OMITTED_AT_DEFAULT`, while
+they hold the default that keeps older configs' hashes; `model_dump` is pydantic's own.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import unicodedata
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from analysis.config import ReportConfig
 from buffer.config import BufferConfig, StalenessConfig
+from contract.config_dump import OmitAtDefault, dump_without_defaults
+from contract.tuning import SelectionStamp
+from harness.config_checks import (
+    check_arms_and_seeds,
+    check_message_size,
+    check_model_and_backends,
+    check_path_component,
+    check_response_fits,
+    check_staleness_and_depth,
+    check_tuning,
+)
 from harness.config_evals import (
     EvalConfig,
     EvalSetConfig,
     TrainTaskConfig,
-    check_unique_names,
     resolve_eval_sets,
     resolve_train_tasks,
 )
@@ -54,15 +57,15 @@ from harness.seeds import SeedList
 from learner.config import (
     ArmConfig,
     LearnerConfig,
-    group_split_problem,
-    validate_arm,
     warn_equivalent_arms,
     warn_single_update,
 )
+from learner.config.omitted import OMITTED_AT_DEFAULT as LEARNER_OMITTED_AT_DEFAULT
 from learner.config.plugin_records import plugin_digests
 
 __all__ = [
     "HASH_EXCLUDED",
+    "OMITTED_AT_DEFAULT",
     "UNREPRODUCIBLE_SAMPLING",
     "BuiltinTokenizer",
     "ConfigError",
@@ -86,6 +89,7 @@ __all__ = [
     "format_validation_error",
     "load_config",
     "load_config_data",
+    "resolved_dump",
     "validate_config",
 ]
 
@@ -172,22 +176,12 @@ class ExperimentConfig(BaseModel):
         "gets the same budget of configurations on tuning seeds, one is selected per arm on "
         "a validation eval set, and the selected ones are compared on `seeds`.",
     )
-    selection: dict[str, Any] | None = Field(
+    selection: SelectionStamp | None = Field(
         default=None,
         description="Written by `harness run`, not by hand: the final stage's record of what "
         "the tuning stage selected per arm and why (its configuration, settings and validation "
         "score). Part of the config hash of the final trials.",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_unused_stages(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`tuning` and `selection` unset are left out of the dump, so configs without a tuning
-        stage keep their dump, hence their config hash."""
-        data = handler(self)
-        for name in ("tuning", "selection"):
-            if getattr(self, name) is None:
-                data.pop(name, None)
-        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -227,90 +221,19 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        names = [arm.name for arm in self.arms]
-        if len(set(names)) != len(names):
-            raise ValueError(f"arm names must be unique, got {names}")
-        for arm in self.arms:
-            settings = arm.training_settings(self.learner)  # an arm's own settings must fit too
-            _check_learner_ranks(arm.name, settings, self.executor.learner_ranks)
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"seeds has duplicates: {self.seeds}")
-        check_unique_names(self.evals, self.train_tasks)
-        replaying = [arm.name for arm in self.arms if arm.routing_replay != "off"]
-        if replaying and self.model.path == "builtin" and self.model.arch != "qwen3_moe":
-            raise ValueError(
-                f"arms {replaying} set routing_replay (old or rollout), but the built-in model is "
-                f"dense (model.arch={self.model.arch}); routing replay needs model.arch=qwen3_moe"
-            )
-        _check_rollout_routing(self.arms, self.generation.backend)
-        ranks, bundle = self.executor.learner_ranks, self.executor.learner
-        if self.executor.kind == "ray" and self.learner.device == "cuda" and bundle.gpus < ranks:
-            raise ValueError(
-                f"executor.learner_ranks={ranks} with learner.device=cuda runs {ranks} ranks in "
-                f"the learner's Ray bundle, which asks for executor.learner.gpus={bundle.gpus}; "
-                f"set executor.learner.gpus={ranks} (a bundle is one node: the ranks share it)"
-            )
-        _check_near_miss(self.model, self.task)
-        if self.model.path == "builtin":  # a model directory's context is checked by the CLI
-            check_response_fits(
-                self.generation.max_new_tokens,
-                self.model.max_seq_len,
-                f"model.max_seq_len={self.model.max_seq_len}",
-                "lower generation.max_new_tokens or raise model.max_seq_len",
-            )
-        head_dim = self.model.hidden_size // self.model.num_heads
-        if (
-            self.model.path == "builtin"
-            and self.generation.backend == "vllm"
-            and self.generation.device == "cpu"
-            and head_dim < 32
-        ):
-            raise ValueError(
-                f"model.hidden_size / model.num_heads = {head_dim}, but vLLM's CPU attention "
-                "needs a head size of at least 32: lower model.num_heads or use "
-                "generation.backend=torch"
-            )
-        rounds = self.dynamic_sampling_rounds()
-        if rounds and self.staleness.mode != "fixed":
-            names = [arm.name for arm in self.arms if arm.sampling_rounds()]
-            raise ValueError(
-                f"arms {names} set dynamic_sampling_rounds, which needs staleness.mode: fixed "
-                f"(got {self.staleness.mode}): extra rounds are generated for one batch by its "
-                "fixed policy version; set staleness.mode: fixed or remove "
-                "dynamic_sampling_rounds"
-            )
-        # every draw of a step stays unacked until the checkpoint (extra rounds included)
-        draws = self.learner.checkpoint_every * (1 + rounds)
-        depth_needed = (draws + max(self.staleness.lags) + 2) * self.learner.prompts_per_step
-        if self.buffer.max_depth < depth_needed:
-            extra = " x (1 + max dynamic_sampling_rounds)" if rounds else ""
-            raise ValueError(
-                f"buffer.max_depth={self.buffer.max_depth} is too small: groups stay unacked "
-                f"until the next checkpoint, so up to (learner.checkpoint_every{extra} + max lag "
-                f"+ 2) * learner.prompts_per_step = {depth_needed} may wait; raise "
-                "buffer.max_depth or lower learner.checkpoint_every"
-            )
+        """The rules across sections (`harness.config_checks`), the first broken one reported."""
+        check_arms_and_seeds(self)
+        check_model_and_backends(self)
+        check_staleness_and_depth(self)
         if self.tuning is not None:
-            _check_tuning(self)
+            check_tuning(self)
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
         warn_single_update(self.arms, self.learner)  # ratio 1 at every update: no clipping
         return self
 
     @model_validator(mode="after")
     def _check_message_size(self) -> ExperimentConfig:
-        """A group whose responses all reach max_new_tokens must fit one buffer message. Its
-        token columns alone take group_size * max_new_tokens * 8 bytes (an int32 id and a
-        float32 behaviour logprob per token), a lower bound: prompts and the Arrow framing come
-        on top, which the generator checks per group (harness.trial.generator_main.push_round)."""
-        floor = self.generation.group_size * self.generation.max_new_tokens * 8
-        if self.buffer.max_message_bytes < floor:
-            raise ValueError(
-                f"buffer.max_message_bytes={self.buffer.max_message_bytes} cannot hold a group "
-                f"with full-length responses: generation.group_size={self.generation.group_size}"
-                f" x generation.max_new_tokens={self.generation.max_new_tokens} x 8 bytes = "
-                f"{floor} before prompts and Arrow framing (a few KiB); raise "
-                f"buffer.max_message_bytes well above {floor} (the default is 64 MiB)"
-            )
+        check_message_size(self)
         return self
 
     def dynamic_sampling_rounds(self, arm: str | None = None) -> int:
@@ -334,10 +257,10 @@ class ExperimentConfig(BaseModel):
         return resolve_train_tasks(self.train_tasks, self.task)
 
     def hashed_fields(self) -> dict[str, Any]:
-        """The resolved config as `config_hash` digests it (without HASH_EXCLUDED, and without
-        an empty `plugins`); plugin sources come on top there."""
+        """The resolved config as `config_hash` digests it (`resolved_dump` without
+        HASH_EXCLUDED, and without an empty `plugins`); plugin sources come on top there."""
         exclude = {*HASH_EXCLUDED, *(() if self.plugins else ("plugins",))}
-        return self.model_dump(mode="json", exclude=exclude)
+        return dump_without_defaults(self, OMITTED_AT_DEFAULT, exclude=exclude)
 
     def config_hash(self) -> str:
         """Short digest of the resolved config, recorded with every run."""
@@ -356,137 +279,22 @@ class ExperimentConfig(BaseModel):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def check_response_fits(max_new_tokens: int, context: int, source: str, advice: str) -> None:
-    """A prompt of at least one token and a full-length response must fit the model's context
-    (`source` says where it is set); otherwise generators and learner fail minutes into the run."""
-    if max_new_tokens >= context:
-        raise ValueError(
-            f"generation.max_new_tokens={max_new_tokens} must be below the model's context, "
-            f"{source} (prompt + response); {advice}"
-        )
+OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
+    *LEARNER_OMITTED_AT_DEFAULT,
+    OmitAtDefault(TaskConfig, "eval_offset", 0),
+    OmitAtDefault(ExperimentConfig, "tuning", None),
+    OmitAtDefault(ExperimentConfig, "selection", None),
+)
+"""The one table of fields left out of a resolved config while at their default: the learner's
+(`learner.config.omitted`), the eval offset of a task, the tuning stage of an experiment
+without one. Each came after configs had been written, so each keeps their hash."""
 
 
-def check_path_component(field: str, value: str) -> str:
-    """`value` names a directory under an output dir (`<output_dir>/<name>`): it must be one
-    path component that stays there and prints as what it is."""
-    if value in ("", ".", ".."):
-        problem = "is not a directory name"
-    elif "/" in value or "\\" in value:
-        problem = "holds a path separator"
-    elif any(unicodedata.category(char).startswith("C") for char in value):
-        problem = "holds a control character"
-    elif value != value.strip():
-        problem = "starts or ends with a space"
-    else:
-        return value
-    raise ValueError(
-        f"{field}={value!r} {problem}: it names a directory under output_dir, so it must be a "
-        "single path component (no `/` or `\\`, no control characters or surrounding spaces, "
-        "not empty, `.` or `..`)"
-    )
-
-
-NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
-
-
-def _check_tuning(cfg: ExperimentConfig) -> None:
-    """The tuning protocol's rules (harness.config_tuning), each refused naming its field:
-    disjoint seeds, a validation set that is not the test set, one search space per arm and
-    the same budget for all, every configuration a valid arm."""
-    tuning = cfg.tuning
-    assert tuning is not None
-    shared = sorted(set(tuning.seeds) & set(cfg.seeds))
-    if shared:
-        raise ValueError(
-            f"tuning.seeds and seeds share {shared}: a configuration selected on a seed would "
-            "be scored on it again; use disjoint seeds (e.g. tuning.seeds: range(100,103))"
-        )
-    names = [name for name, _ in cfg.eval_sets()]
-    if tuning.validation not in names:
-        raise ValueError(
-            f"tuning.validation={tuning.validation!r} is not an eval set; the eval sets are "
-            f"{names} (add one to `evals`, with task.eval_offset past the test set's prompts)"
-        )
-    if tuning.validation == names[0]:
-        raise ValueError(
-            f"tuning.validation={tuning.validation!r} is the first eval set, the test set the "
-            "final scores come from; select on another set (validation and test must differ)"
-        )
-    arms = [arm.name for arm in cfg.arms]
-    missing = [arm for arm in arms if arm not in tuning.space]
-    unknown = [arm for arm in tuning.space if arm not in arms]
-    if missing or unknown:
-        raise ValueError(
-            f"tuning.space must hold one search space per arm: missing {missing}, not arms "
-            f"{unknown} (arms are {arms}); an arm left at its defaults would get a budget of "
-            "1 against the others' tuning.budget"
-        )
-    for arm in cfg.arms:
-        space = tuning.space[arm.name]
-        size = space.size(tuning.budget)
-        if size != tuning.budget:
-            raise ValueError(
-                f"tuning.space.{arm.name}: its grid has {size} configurations, but "
-                f"tuning.budget is {tuning.budget}; every arm gets the same budget (change "
-                "the grid or the budget)"
-            )
-        for index, settings in enumerate(tuning.configurations(arm.name)):
-            try:
-                validate_arm({**arm.model_dump(mode="json"), **settings})
-            except (ValueError, ValidationError) as exc:
-                problem = _error_messages(exc)
-                raise ValueError(
-                    f"tuning.space.{arm.name} configuration {index} {settings}: {problem}"
-                ) from None
-
-
-def _error_messages(exc: Exception) -> str:
-    """A validation error's messages, joined, without pydantic's header and URL lines."""
-    if isinstance(exc, ValidationError):
-        return "; ".join(str(e["msg"]) for e in exc.errors())
-    return str(exc)
-
-
-def _check_learner_ranks(arm: str, learner: LearnerConfig, ranks: int) -> None:
-    """Every minibatch's groups split evenly over the learner's ranks (whole groups each)."""
-    if ranks == 1:
-        return
-    problem = group_split_problem(learner.prompts_per_step, learner.minibatches, ranks)
-    if problem is not None:
-        raise ValueError(f"executor.learner_ranks={ranks}, arm {arm!r}: {problem}")
-
-
-def _check_near_miss(model: ModelConfig, task: TaskConfig) -> None:
-    """The near-miss warm start needs an integer answer to miss and the answer-only warm start."""
-    if model.warm_start_near_miss == 0.0:
-        return
-    if model.path != "builtin" or model.tokenizer != "char" or task.name not in NEAR_MISS_TASKS:
-        raise ValueError(
-            f"model.warm_start_near_miss={model.warm_start_near_miss} needs the built-in model "
-            f"with tokenizer=char on a task in {list(NEAR_MISS_TASKS)}; got model.path="
-            f"{model.path!r}, model.tokenizer={model.tokenizer!r}, task.name={task.name!r}"
-        )
-
-
-def _check_rollout_routing(arms: list[ArmConfig], backend: GeneratorBackend) -> None:
-    """R3 replays the generator's recorded experts; only the torch backend records them.
-
-    The vLLM generator does not ask its engine for routing: on CUDA that could be wired, on CPU
-    it cannot be. vLLM 0.32 has `enable_return_routed_experts`, but only in its V2 model runner,
-    which on CPU needs Triton with a CPU backend (triton-cpu); this build's Triton has none, so
-    engine config fails with "Model Runner V2 requires Triton"
-    (`VllmConfig._validate_v2_model_runner`), and the V1 runner refuses the option ("AuxOutput
-    Connector requires Model Runner V2").
-    """
-    rollout = [arm.name for arm in arms if arm.routing_replay == "rollout"]
-    if rollout and backend == "vllm":
-        raise ValueError(
-            f"arms {rollout} set routing_replay=rollout, which replays the experts the generator "
-            "recorded, but the generation.backend=vllm generator does not return them (on CPU "
-            "vLLM's enable_return_routed_experts needs its Triton-based V2 model runner, which "
-            "this build cannot run; the CUDA path is not wired); set generation.backend=torch "
-            "or routing_replay=old"
-        )
+def resolved_dump(model: BaseModel) -> dict[str, Any]:
+    """A config (or a section of one, an arm) as it is written, hashed and logged: its JSON
+    dump without `OMITTED_AT_DEFAULT`'s fields. `model_dump` stays pydantic's own; this is
+    what validates again to the same config (`resolved_config.yaml`, a stage's config)."""
+    return dump_without_defaults(model, OMITTED_AT_DEFAULT)
 
 
 def format_validation_error(exc: ValidationError) -> str:

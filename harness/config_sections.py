@@ -12,8 +12,6 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
     model_validator,
 )
 
@@ -186,15 +184,6 @@ class TaskConfig(BaseModel):
         "(`tuning.validation`) takes the prompts after the test set's, so the two never share "
         "a problem. The training stream and the held-out split do not depend on it.",
     )
-
-    @model_serializer(mode="wrap")
-    def _omit_default_offset(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """eval_offset 0 is left out of the dump, so configs written before it existed keep
-        their dump, hence their config hash."""
-        data = handler(self)
-        if self.eval_offset == 0:
-            data.pop("eval_offset", None)
-        return data
 
     @model_validator(mode="after")
     def _check(self) -> TaskConfig:

@@ -19,16 +19,12 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from contract.tuning import Scalar, TuningMetric
 from harness.seeds import SeedList
-
-Scalar = float | int | str | bool
-
-TuningMetric = Literal["final", "auc"]
 
 
 class Distribution(BaseModel):

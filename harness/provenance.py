@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 import subprocess
@@ -78,15 +77,6 @@ def hardware() -> dict[str, object]:
     except ImportError:  # pragma: no cover - torch is a dependency
         pass
     return info
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file, streamed."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def provenance() -> dict[str, object]:

@@ -3,19 +3,22 @@
 A plugin is a Python module named in the config (`plugins: [mypkg.losses]`, or a file path such
 as `examples/clipped_reinforce.py`). Importing it registers one or more objectives, each as a
 pair: an arm model (a subclass of `learner.config.ArmBase` or `GroupArm` whose `objective` is a
-one-name `Literal`, whose fields are the settings the loss reads with their defaults, and whose
-class variables declare the advantage kind, the critic and the loss units) and a pure loss with
-the built-in losses' signature, decorated:
+one-name `Literal`, whose fields are the settings the objective reads with their defaults, and
+whose class variables declare the advantage kind, the critic and the loss units) and a pure
+objective of the built-in ones' shape, decorated:
 
     @register_objective(arm=ClippedReinforceArm)
-    def clipped_reinforce_loss(logprobs, old_logprobs, advantages, mask, options, *,
-                               is_weights=None, ref_logprobs=None): ...
+    def clipped_reinforce_loss(batch: PolicyBatch, settings: ClippedReinforceArm) -> PolicyTerms:
+        ...  # per-token terms and stats: return policy_terms(batch, settings, terms, ...)
 
-From then on a plugin arm is an arm like any other: the same matching, metrics, checkpoints,
-MLflow logging and report. The loss is checked when it registers: it is called once on a tiny
-batch and must return `(scalar loss with a gradient, stats)` with exactly the policy stat keys
-every objective reports (`learner.algorithms.objectives.stats.policy_stats` computes them), so a
-broken plugin is refused in one line naming it instead of failing in the middle of a trial.
+The objective reads the checked batch and its arm and returns its loss terms, not aggregated,
+with its stats (`learner.algorithms.objectives.policy_terms`); the learner's reducer aggregates
+them with the whole minibatch's totals and computes the standard policy metrics, so a plugin
+splits over micro-batches and ranks like a built-in objective. From then on a plugin arm is an
+arm like any other: the same matching, metrics, checkpoints, MLflow logging and report. The
+objective is checked when it registers: it is called once on a tiny batch and must return
+`PolicyTerms` of the batch's shapes whose loss is a finite scalar with a gradient, so a broken
+plugin is refused in one line naming it instead of failing in the middle of a trial.
 
 Each trial records the plugins loaded (module, version, sha256 of the source) with its
 provenance, and the source digest is part of the config hash, so a finished trial is not taken
@@ -31,27 +34,24 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from contract import metrics as M
 from learner.algorithms.objectives import (
-    PolicyLoss,
+    LossTerms,
+    PolicyBatch,
+    PolicyObjective,
+    PolicyStats,
+    PolicyTerms,
+    reduce_loss,
     register_policy_loss,
     unregister_policy_loss,
 )
 from learner.config import ArmBase, make_arm, objective_of, register_arm, unregister_arm
 from learner.config.plugin_records import LOADED, PluginInfo, record_plugin
 
-POLICY_STAT_KEYS = frozenset(
-    name.removeprefix("policy/")
-    for name in M.ALL_METRICS
-    if name.startswith("policy/") and name not in {M.POLICY_ENTROPY, M.POLICY_KL_REF}
-)
-"""The stats every policy loss returns (`kl_ref` too when given reference logprobs); the
-learner logs them as `policy/<key>`."""
-
-_LOSS_PARAMETERS = ("logprobs", "old_logprobs", "advantages", "mask", "options")
+_PARAMETERS = ("batch", "settings")
 
 
 class PluginError(ValueError):
@@ -61,13 +61,18 @@ class PluginError(ValueError):
 _REGISTERING: list[str] = []  # objectives registered by the plugin being imported
 
 
-def register_objective(arm: type[ArmBase]) -> Callable[[PolicyLoss], PolicyLoss]:
-    """Decorator for a plugin's loss: registers `arm` and the loss under the arm's objective,
-    after one call on a tiny batch proves the loss keeps the contract."""
+Objective = PolicyObjective | Callable[[PolicyBatch, Any], PolicyTerms]
 
-    def register(loss: PolicyLoss) -> PolicyLoss:
+
+def register_objective(arm: type[ArmBase]) -> Callable[[Objective], PolicyObjective]:
+    """Decorator for a plugin's objective, a function (batch, settings) -> PolicyTerms (or a
+    `PolicyObjective`, for one that selects tokens): registers `arm` and the objective under the
+    arm's objective name, after one call on a tiny batch proves it keeps the contract."""
+
+    def register(objective: Objective) -> PolicyObjective:
         name = _objective_name(arm)
-        _check_signature(name, loss)
+        _check_signature(name, objective)
+        loss = objective if isinstance(objective, PolicyObjective) else PolicyObjective(objective)
         try:
             register_arm(arm)
         except ValueError as exc:
@@ -138,57 +143,71 @@ def _objective_name(arm: type[ArmBase]) -> str:
         raise PluginError(str(exc)) from None
 
 
-def _check_signature(name: str, loss: Callable[..., object]) -> None:
+def _check_signature(name: str, objective: Objective) -> None:
+    core = objective.core if isinstance(objective, PolicyObjective) else objective
     try:
-        parameters = inspect.signature(loss).parameters
+        parameters = inspect.signature(core).parameters
     except (TypeError, ValueError):
         raise PluginError(f"objective {name!r}: its loss is not a function") from None
     positional = [p.name for p in parameters.values() if p.kind in _POSITIONAL]
-    keywords = {p.name for p in parameters.values() if p.kind == inspect.Parameter.KEYWORD_ONLY}
-    if tuple(positional) != _LOSS_PARAMETERS or not {"is_weights", "ref_logprobs"} <= keywords:
+    if tuple(positional) != _PARAMETERS or len(parameters) != len(_PARAMETERS):
+        listed = ", ".join(str(p) for p in parameters.values())
         raise PluginError(
-            f"objective {name!r}: loss {getattr(loss, '__name__', loss)!r} has parameters "
-            f"({', '.join(positional)}; *, {', '.join(sorted(keywords))}); a policy loss takes "
-            f"({', '.join(_LOSS_PARAMETERS)}, *, is_weights=None, ref_logprobs=None)"
+            f"objective {name!r}: loss {getattr(core, '__name__', core)!r} has parameters "
+            f"({listed}); an objective takes ({', '.join(_PARAMETERS)}) and returns PolicyTerms"
         )
 
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _check_call(name: str, loss: PolicyLoss) -> None:
-    """One call on two rows of three tokens (one padded): a scalar with a gradient, finite, and
-    the standard stats."""
+def _check_call(name: str, objective: PolicyObjective) -> None:
+    """One call on two rows of three tokens (one padded): terms and stats of the batch's
+    shapes, reduced to a finite scalar with a gradient."""
     arm = make_arm(name="plugin-check", objective=name)
     logprobs = torch.tensor([[-1.0, -0.5, -2.0], [-0.7, -1.2, 0.0]], requires_grad=True)
     old = torch.tensor([[-1.1, -0.5, -1.9], [-0.7, -1.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     advantages = torch.tensor([1.0, -1.0]) if arm.advantages == "group" else mask * 0.5
+    batch = PolicyBatch.of(logprobs, old, advantages, mask)
     try:
-        result = loss(logprobs, old, advantages, mask, arm.objective_options(max_len=3))
+        terms = objective(batch, arm)
+        problem = _terms_problem(terms, batch) or _loss_problem(terms, batch)
     except Exception as exc:
         raise PluginError(
             f"objective {name!r}: its loss raised {type(exc).__name__} on a 2x3 check batch: {exc}"
         ) from exc
-    problem = _result_problem(result)
     if problem:
         raise PluginError(f"objective {name!r}: its loss {problem}")
 
 
-def _result_problem(result: object) -> str | None:
-    if not (isinstance(result, tuple) and len(result) == 2):
-        return "must return (loss, stats)"
-    value, stats = result
-    if not (isinstance(value, torch.Tensor) and value.dim() == 0 and value.requires_grad):
-        return "must return a scalar tensor with a gradient as its loss"
-    if not torch.isfinite(value):
-        return "returned a non-finite loss on a check batch"
-    if not isinstance(stats, dict):
-        return "must return its stats as a dict of floats"
-    missing, extra = POLICY_STAT_KEYS - set(stats), set(stats) - POLICY_STAT_KEYS - {"kl_ref"}
-    if missing or extra:
+def _terms_problem(terms: object, batch: PolicyBatch) -> str | None:
+    """What is wrong with an objective's result on `batch`, or None."""
+    if not (
+        isinstance(terms, PolicyTerms)
+        and isinstance(terms.loss, LossTerms)
+        and isinstance(terms.stats, PolicyStats)
+    ):
         return (
-            f"stats lack {sorted(missing)} and add {sorted(extra)}; return the standard policy "
-            "stats (learner.algorithms.objectives.stats.policy_stats)"
+            f"must return PolicyTerms (loss terms and PolicyStats), got {type(terms).__name__}; "
+            "build them with learner.algorithms.objectives.policy_terms"
         )
+    rows, tokens = tuple(batch.lengths.shape), tuple(batch.mask.shape)
+    stats, shapes = terms.stats, (rows, tokens)
+    if not all(isinstance(t, torch.Tensor) for t in (terms.loss.terms, *stats[:3])):
+        return "must return tensors as its terms and stats"
+    if tuple(terms.loss.terms.shape) not in shapes or tuple(stats.ratio.shape) not in shapes:
+        return f"must return terms and a stats ratio of shape [B] or [B, T] = {tokens}"
+    if stats.clipped.shape != stats.ratio.shape or tuple(stats.log_ratio.shape) != tokens:
+        return "stats lack the batch's shapes: clipped as the ratio, log_ratio [B, T]"
+    return None
+
+
+def _loss_problem(terms: PolicyTerms, batch: PolicyBatch) -> str | None:
+    """What is wrong with the loss the reducer makes of well-shaped terms, or None."""
+    loss = reduce_loss(terms.loss, batch.lengths, max_len=batch.mask.shape[1])
+    if not loss.requires_grad:
+        return "must return loss terms with a gradient"
+    if not torch.isfinite(loss):
+        return "returned a non-finite loss on a check batch"
     return None

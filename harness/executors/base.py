@@ -14,8 +14,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Protocol
 
-from harness.experiment.grid import PlannedTrial
-from harness.experiment.scheduler import CommandBuilder, RunningTrial, TrialExit
+from harness.launch.trials import CommandBuilder, PlannedTrial, PoolLimits, RunningTrial, TrialExit
 from harness.signals import SignalLatch
 
 # In a trial's failure reason: a component's Ray node (or its actor) died under it. The Ray
@@ -28,7 +27,7 @@ class TrialFailedError(RuntimeError):
 
 
 class Component(Protocol):
-    """A supervised component process, wherever it runs (`processes.Child`'s interface)."""
+    """A supervised component process, wherever it runs (`launch.processes.Child`'s interface)."""
 
     name: str
 
@@ -89,13 +88,7 @@ class Executor(Protocol):
     # supervisor's trial directory.
     private_components: bool
 
-    def trial_pool(
-        self,
-        command: CommandBuilder,
-        max_parallel: int,
-        kill_grace_s: float = 10.0,
-        trial_timeout_s: float | None = None,
-    ) -> TrialPool:
+    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> TrialPool:
         """The driver's pool of trial processes, not yet entered."""
         ...
 

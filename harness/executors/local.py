@@ -6,9 +6,11 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness.experiment.scheduler import CommandBuilder, TrialPool
+from harness.executors.base import TrialPool
+from harness.launch.pool import SubprocessTrialPool
+from harness.launch.processes import Child
+from harness.launch.trials import CommandBuilder, PoolLimits
 from harness.signals import SignalLatch
-from harness.trial.processes import Child
 
 LOOPBACK = "127.0.0.1"
 
@@ -27,14 +29,8 @@ class LocalExecutor:
 
     private_components = False
 
-    def trial_pool(
-        self,
-        command: CommandBuilder,
-        max_parallel: int,
-        kill_grace_s: float = 10.0,
-        trial_timeout_s: float | None = None,
-    ) -> TrialPool:
-        return TrialPool(command, max_parallel, kill_grace_s, trial_timeout_s)
+    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> TrialPool:
+        return SubprocessTrialPool(command, limits)
 
     @contextlib.contextmanager
     def components(self, num_generators: int, interrupted: SignalLatch) -> Iterator[LocalLauncher]:

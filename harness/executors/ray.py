@@ -1,8 +1,8 @@
 """The `ray` executor: the trial pool, connected to a cluster, retrying trials that lost a node.
 
-Each trial is still a `harness trial` subprocess of the driver (TrialPool: its own session, the
-same teardown on Ctrl-C, SIGTERM, errors and timeouts), so resume, progress display, MLflow and
-report are the local ones. What changes is inside the trial: with `executor.kind=ray` its
+Each trial is still a `harness trial` subprocess of the driver (SubprocessTrialPool: its own
+session, the same teardown on Ctrl-C, SIGTERM, errors and timeouts), so resume, progress display,
+MLflow and report are the local ones. What changes is inside the trial: with `executor.kind=ray` its
 supervisor joins the cluster ($RAY_ADDRESS, set here) and runs its learner and generators as
 actors in a placement group (`ray_components`); its Redis binds the node's address.
 
@@ -30,10 +30,11 @@ from contract.record import TrialRecordError, read_trial_record
 from contract.trial import LaunchStatus
 from harness.config_sections import ExecutorConfig
 from harness.executors.base import NODE_LOST
-from harness.experiment.scheduler import CommandBuilder, TrialExit, TrialPool
+from harness.launch.pool import SubprocessTrialPool
+from harness.launch.processes import open_private
+from harness.launch.trials import CommandBuilder, PoolLimits, TrialExit
 from harness.overrides import ConfigError
 from harness.signals import SignalLatch
-from harness.trial.processes import open_private
 
 if TYPE_CHECKING:  # importing ray_components imports Ray, an optional extra; see components()
     from harness.executors.ray_components import RayLauncher
@@ -60,18 +61,14 @@ def _address(executor: ExecutorConfig) -> str | None:
     return executor.address or os.environ.get("RAY_ADDRESS") or None
 
 
-class RayTrialPool(TrialPool):
-    """TrialPool whose trials run their components on Ray; retries trials that lost a node."""
+class RayTrialPool(SubprocessTrialPool):
+    """A SubprocessTrialPool whose trials run their components on Ray; retries trials that lost
+    a node."""
 
     def __init__(
-        self,
-        executor: ExecutorConfig,
-        command: CommandBuilder,
-        max_parallel: int,
-        kill_grace_s: float = 10.0,
-        trial_timeout_s: float | None = None,
+        self, executor: ExecutorConfig, command: CommandBuilder, limits: PoolLimits
     ) -> None:
-        super().__init__(command, max_parallel, kill_grace_s, trial_timeout_s)
+        super().__init__(command, limits)
         self.executor = executor
         self.retries: dict[str, int] = {}  # trial name -> retries spent
         self.address: str | None = None
@@ -119,7 +116,8 @@ class RayTrialPool(TrialPool):
             ray.init(address=address, log_to_driver=False)
 
     def close(self) -> list[TrialExit]:
-        """Stop every trial (TrialPool.close), then leave Ray; a local instance stops with it."""
+        """Stop every trial (SubprocessTrialPool.close), then leave Ray; a local instance stops
+        with it."""
         try:
             return super().close()
         finally:
@@ -140,7 +138,8 @@ class RayTrialPool(TrialPool):
             self._temp_dir = None
 
     def reap(self) -> list[TrialExit]:
-        """TrialPool.reap, except that a trial that lost a node is started again (resuming)."""
+        """SubprocessTrialPool.reap, except that a trial that lost a node is started again
+        (resuming)."""
         exits = []
         for done in super().reap():
             if self._should_retry(done):
@@ -182,14 +181,8 @@ class RayExecutor:
     def __init__(self, executor: ExecutorConfig) -> None:
         self.executor = executor
 
-    def trial_pool(
-        self,
-        command: CommandBuilder,
-        max_parallel: int,
-        kill_grace_s: float = 10.0,
-        trial_timeout_s: float | None = None,
-    ) -> RayTrialPool:
-        return RayTrialPool(self.executor, command, max_parallel, kill_grace_s, trial_timeout_s)
+    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> RayTrialPool:
+        return RayTrialPool(self.executor, command, limits)
 
     @contextlib.contextmanager
     def components(self, num_generators: int, interrupted: SignalLatch) -> Iterator[RayLauncher]:

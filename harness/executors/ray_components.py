@@ -23,7 +23,6 @@ import os
 import sys
 import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import ray
@@ -34,10 +33,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from contract.layout import LOGS_DIR, TRIAL_JSON
 from harness.config_sections import ComponentResources, ExecutorConfig
 from harness.executors.base import NODE_LOST, TrialFailedError
+from harness.launch.processes import EXIT_NO_RESTART, Child
 from harness.signals import SignalLatch
 from harness.storage.setup import setup_host_copy
 from harness.storage.trial_storage import SUPERVISOR_INPUTS, TrialSync
-from harness.trial.processes import EXIT_NO_RESTART, Child
 
 NAMESPACE = "gspo-harness"
 POLL_TIMEOUT_S = 10.0  # one poll of a busy node; a timeout reads as "still running"
@@ -279,12 +278,7 @@ class RayLauncher:
         self.redis_host = ray.util.get_node_ip_address()  # routable: the other nodes dial it
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         """Give back the placement group and leave Ray, waiting at most TEARDOWN_S for it.
 
         Both are calls to the GCS. When it is gone (a private Ray instance dies with a killed

@@ -12,34 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from contract.layout import ExperimentPaths, TrialPaths
+from contract.layout import ExperimentPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TERMINAL_STATUSES, StalenessMode, TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
+from harness.launch.trials import PlannedTrial
 
 TrialState = Literal["pending", "resume", "done"]
 
 
 class TrialStateError(RuntimeError):
     """A trial directory holds something that is not the trial the grid expects there."""
-
-
-@dataclass(frozen=True)
-class PlannedTrial:
-    """One cell of the grid as the experiment plans it: the runner's `TrialSpec` fields plus the
-    objective and the trial directory."""
-
-    arm: str
-    objective: str
-    seed: int
-    lag: int
-    mode: StalenessMode
-    trial_name: str
-    trial_dir: Path
-
-    @property
-    def paths(self) -> TrialPaths:
-        return TrialPaths(self.trial_dir)
 
 
 @dataclass(frozen=True)

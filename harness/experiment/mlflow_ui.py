@@ -20,8 +20,8 @@ from typing import IO
 
 from rich.console import Console
 
-from harness.experiment.scheduler import stop_group
 from harness.experiment.tracking import DEFAULT_ARTIFACTS, DEFAULT_DB, artifact_location
+from harness.launch.pool import stop_group
 from harness.signals import SignalLatch, forward_signals
 
 HOST = "127.0.0.1"

@@ -27,7 +27,7 @@ from contract import metrics as M
 from contract import step_tables
 from contract.layout import TrialPaths
 from contract.trial import LaunchStatus
-from harness.experiment.grid import PlannedTrial
+from harness.launch.trials import PlannedTrial
 
 WATCHED = (M.REWARD_MEAN, M.EVAL_PASS_RATE)
 STATUS_STYLE = {

@@ -21,19 +21,19 @@ from rich.console import Console
 
 from contract.layout import ExperimentPaths
 from contract.trial import LaunchStatus
-from harness.config import ExperimentConfig
+from harness.config import ExperimentConfig, resolved_dump
 from harness.executors import open_executor
 from harness.executors.base import TrialPool
-from harness.experiment.grid import (
-    PlannedTrial,
-    TrialOnDisk,
-    classify_trials,
-    expand_trials,
-    experiment_dir,
-)
+from harness.experiment.grid import TrialOnDisk, classify_trials, expand_trials, experiment_dir
 from harness.experiment.progress import ExperimentProgress
-from harness.experiment.scheduler import CommandBuilder, TrialExit, trial_command
 from harness.experiment.tracking import Tracker, open_tracker
+from harness.launch.trials import (
+    CommandBuilder,
+    PlannedTrial,
+    PoolLimits,
+    TrialExit,
+    trial_command,
+)
 from harness.signals import forward_signals
 from harness.storage.experiment_storage import publish_working_copy
 from harness.storage.remote_tree import StorageError
@@ -255,7 +255,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     command = command or trial_command(config_path, overrides, steps)
     result = ExperimentResult(out_dir)
     with experiment_lock(out_dir), _published(storage, out_dir, console):
-        resolved = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+        resolved = yaml.safe_dump(resolved_dump(cfg), sort_keys=False)
         ExperimentPaths(out_dir).resolved_config.write_text(resolved)
         per_trial = steps if steps is not None else cfg.learner.steps
         specs = expand_trials(cfg, out_dir)
@@ -279,7 +279,8 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             )
             done = len(trials) - len(queue)
             progress = ExperimentProgress(console, len(trials), done, per_trial)
-            pool = executor.trial_pool(command, parallel, kill_grace_s, trial_timeout_s)
+            limits = PoolLimits(parallel, kill_grace_s, trial_timeout_s)
+            pool = executor.trial_pool(command, limits)
             pool.env.update(storage.env() if storage is not None else {})
             with progress, pool, forward_signals(pool.interrupt):
                 _run_queue(

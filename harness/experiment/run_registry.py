@@ -10,11 +10,12 @@ fresh there instead of referring to run ids that store never had.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+
+from contract.durable import write_atomic
 
 REGISTRY_FILE = "mlflow_runs.json"
 VERSION = 1
@@ -88,8 +89,5 @@ class RunRegistry:
     def save(self) -> None:
         """Write atomically (temp file + rename), so a kill never leaves half a file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps(self._data, indent=2, sort_keys=True) + "\n")
-        with tmp.open("rb") as handle:
-            os.fsync(handle.fileno())
-        tmp.replace(self.path)
+        text = json.dumps(self._data, indent=2, sort_keys=True) + "\n"
+        write_atomic(self.path, text.encode())

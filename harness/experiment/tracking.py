@@ -32,8 +32,9 @@ from mlflow.exceptions import MlflowException
 from contract.layout import PARENT_TAG
 from contract.record import TrialRecordError, read_trial_record
 from contract.trial import LaunchStatus
-from harness.config import ExperimentConfig
-from harness.experiment.grid import PlannedTrial, TrialOnDisk
+from contract.tuning import TuningSelection
+from harness.config import ExperimentConfig, resolved_dump
+from harness.experiment.grid import TrialOnDisk
 from harness.experiment.run_registry import ChildRecord, RunRegistry
 from harness.experiment.trial_runs import (
     flatten_params,
@@ -42,6 +43,7 @@ from harness.experiment.trial_runs import (
     log_trial_files,
     redact,
 )
+from harness.launch.trials import PlannedTrial
 from harness.provenance import provenance
 
 DEFAULT_DB = "mlflow.db"
@@ -140,7 +142,7 @@ class Tracker(Protocol):
 
     def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None: ...
 
-    def log_selection(self, selection: dict[str, Any]) -> None: ...
+    def log_selection(self, selection: TuningSelection) -> None: ...
 
     def trial_done_before(self, trial: TrialOnDisk) -> None: ...
 
@@ -165,7 +167,7 @@ class NullTracker:
     def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None:
         return None
 
-    def log_selection(self, selection: dict[str, Any]) -> None:
+    def log_selection(self, selection: TuningSelection) -> None:
         return None
 
     def trial_done_before(self, trial: TrialOnDisk) -> None:
@@ -239,7 +241,7 @@ class MlflowTracker:
         if self.registry.parents():
             tags["harness.previous_parent_run_ids"] = self.registry.parents()
         log_tags(self.client, run_id, tags)
-        resolved = cfg.model_dump(mode="json")
+        resolved = resolved_dump(cfg)
         log_params(self.client, run_id, flatten_params(resolved))
         text = redact(yaml.safe_dump(resolved, sort_keys=False))
         self.client.log_text(run_id, text, "config/resolved_config.yaml")
@@ -258,15 +260,13 @@ class MlflowTracker:
         hash, under the one parent run of the experiment."""
         self._cfg, self._stage = cfg, stage
 
-    def log_selection(self, selection: dict[str, Any]) -> None:
+    def log_selection(self, selection: TuningSelection) -> None:
         """The tuning stage's selection as a parent-run artifact (tuning/selection.json) and
         one tag per arm naming its selected configuration."""
         if self.parent_run_id is None:
             return
-        self.client.log_dict(self.parent_run_id, selection, "tuning/selection.json")
-        tags = {
-            f"tuning.selected.{arm}": entry["selected"] for arm, entry in selection["arms"].items()
-        }
+        self.client.log_dict(self.parent_run_id, selection.model_dump(), "tuning/selection.json")
+        tags = {f"tuning.selected.{arm}": entry.selected for arm, entry in selection.arms.items()}
         log_tags(self.client, self.parent_run_id, tags)
 
     def trial_done_before(self, trial: TrialOnDisk) -> None:
@@ -363,7 +363,7 @@ class MlflowTracker:
         grid = {"trial_name": spec.trial_name, "arm": spec.arm, "seed": spec.seed}
         grid |= {"lag": spec.lag, "mode": spec.mode, "objective": spec.objective}
         log_tags(self.client, run_id, {**grid, "config_hash": self._cfg.config_hash()})
-        params = flatten_params({"arm": self._cfg.arm(spec.arm).model_dump(mode="json")})
+        params = flatten_params({"arm": resolved_dump(self._cfg.arm(spec.arm))})
         params |= {"seed": str(spec.seed), "lag": str(spec.lag), "mode": spec.mode}
         params["steps"] = str(self._steps if self._steps is not None else self._cfg.learner.steps)
         log_params(self.client, run_id, params)

@@ -45,7 +45,7 @@ from contract.layout import (
     TRIAL_LOG,
     TrialPaths,
 )
-from harness.experiment.grid import PlannedTrial
+from harness.launch.trials import PlannedTrial
 
 DATASET_CONTEXT = "train"
 TRUNCATED = "...[truncated]"

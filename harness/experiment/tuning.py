@@ -14,14 +14,13 @@ rate or AUC; a diverged trial scores 0 as in the report; ties go to the first co
 A rerun resumes whichever stage is unfinished, recomputes the same selection from the same
 files, and skips finished final trials: the final stage's config carries the selection
 (`selection`, part of the config hash), so a final trial run under another selection is named
-as a config mismatch, never silently mixed. The selection and every tuning trial's score are
-written to `<out>/tuning/selection.json` and `tuning_scores.parquet` (the report's Tuning
-section reads them) and logged to the parent run.
+as a config mismatch, never silently mixed. The selection (`contract.tuning.TuningSelection`)
+and every tuning trial's score are written to `<out>/tuning/selection.json` and
+`tuning_scores.parquet` (the report's Tuning section reads them) and logged to the parent run.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -32,11 +31,12 @@ import yaml
 from rich.console import Console
 
 from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
-from harness.config import ExperimentConfig, validate_config
+from contract.tuning import ArmSelection, TriedConfiguration, TuningSelection, ValidationSet
+from harness.config import ExperimentConfig, resolved_dump, validate_config
 from harness.config_tuning import TuningConfig, tuned_arm_name
 from harness.experiment.run import ExperimentResult, Stage, run_experiment
-from harness.experiment.scheduler import CommandBuilder, trial_command
 from harness.experiment.tracking import open_tracker
+from harness.launch.trials import CommandBuilder, trial_command
 from harness.overrides import ConfigError
 from harness.storage.output import is_uri
 from harness.tasks.factory import held_out_prompts, make_task
@@ -50,7 +50,7 @@ def tuning_stage_config(cfg: ExperimentConfig) -> ExperimentConfig:
     tuning = _tuning(cfg)
     data = _without_stages(cfg)
     data["arms"] = [
-        {**arm.model_dump(mode="json"), **settings, "name": tuned_arm_name(arm.name, index)}
+        {**resolved_dump(arm), **settings, "name": tuned_arm_name(arm.name, index)}
         for arm in cfg.arms
         for index, settings in enumerate(tuning.configurations(arm.name))
     ]
@@ -59,26 +59,14 @@ def tuning_stage_config(cfg: ExperimentConfig) -> ExperimentConfig:
     return validate_config(data)
 
 
-def final_stage_config(cfg: ExperimentConfig, selection: dict[str, Any]) -> ExperimentConfig:
+def final_stage_config(cfg: ExperimentConfig, selection: TuningSelection) -> ExperimentConfig:
     """The comparison: each arm with its selected settings, the evaluation seeds, every eval set
     but the validation one, and the selection stamped on the config (hence on its hash)."""
     tuning = _tuning(cfg)
     data = _without_stages(cfg)
-    data["arms"] = [
-        {**arm.model_dump(mode="json"), **selection["arms"][arm.name]["settings"]}
-        for arm in cfg.arms
-    ]
+    data["arms"] = [{**resolved_dump(arm), **selection.arms[arm.name].settings} for arm in cfg.arms]
     data["evals"] = [e for e in data["evals"] if e["name"] != tuning.validation]
-    data["selection"] = {
-        "metric": selection["metric"],
-        "validation": selection["validation"],
-        "budget": selection["budget"],
-        "tuning_seeds": selection["seeds"],
-        "arms": {
-            arm: {key: entry[key] for key in ("selected", "settings", "score")}
-            for arm, entry in selection["arms"].items()
-        },
-    }
+    data["selection"] = selection.stamp().model_dump(mode="json")
     return validate_config(data)
 
 
@@ -142,48 +130,47 @@ def tuning_scores(cfg: ExperimentConfig, tuning_dir: Path) -> pd.DataFrame:
     return frame.astype({"config": "int64", "seed": "int64", "score": "float64"})
 
 
-def select_configurations(cfg: ExperimentConfig, scores: pd.DataFrame) -> dict[str, Any]:
+def select_configurations(cfg: ExperimentConfig, scores: pd.DataFrame) -> TuningSelection:
     """Per arm, the configuration with the highest mean validation score over the tuning seeds
     it finished; ties go to the first. ConfigError when an arm has no scored configuration."""
     tuning = _tuning(cfg)
-    arms: dict[str, Any] = {}
-    for arm in cfg.arms:
-        configs = []
-        for index, settings in enumerate(tuning.configurations(arm.name)):
-            mine = scores[(scores["arm"] == arm.name) & (scores["config"] == index)]
-            finite = mine["score"].dropna()
-            mean = float(finite.mean()) if len(finite) else math.nan
-            configs.append(
-                {"index": index, "settings": settings, "score": mean, "n_seeds": len(finite)}
-            )
-        ranked = [c for c in configs if not math.isnan(c["score"])]
-        if not ranked:
-            raise ConfigError(
-                f"tuning: no configuration of arm {arm.name!r} has a validation score on any "
-                "tuning seed (every tuning trial failed?); see the trials under the tuning/ "
-                "directory, fix the cause and rerun `harness run` to resume"
-            )
-        best = max(ranked, key=lambda c: (c["score"], -c["index"]))
-        arms[arm.name] = {
-            "selected": best["index"],
-            "score": best["score"],
-            "settings": best["settings"],
-            "configs": configs,
-        }
     validation = dict(cfg.eval_sets())[tuning.validation]
-    return {
-        "metric": tuning.metric,
-        "validation": {
-            "name": tuning.validation,
-            "task": validation.name,
-            "offset": validation.eval_offset,
-            "size": validation.eval_size,
-        },
-        "budget": tuning.budget,
-        "seeds": list(tuning.seeds),
-        "evaluation_seeds": list(cfg.seeds),
-        "arms": arms,
-    }
+    return TuningSelection(
+        metric=tuning.metric,
+        validation=ValidationSet(
+            name=tuning.validation,
+            task=validation.name,
+            offset=validation.eval_offset,
+            size=validation.eval_size,
+        ),
+        budget=tuning.budget,
+        seeds=list(tuning.seeds),
+        evaluation_seeds=list(cfg.seeds),
+        arms={arm.name: _select_arm(tuning, arm.name, scores) for arm in cfg.arms},
+    )
+
+
+def _select_arm(tuning: TuningConfig, arm: str, scores: pd.DataFrame) -> ArmSelection:
+    """One arm's configurations scored by their mean over finished tuning seeds, and the best."""
+    configs = []
+    for index, settings in enumerate(tuning.configurations(arm)):
+        mine = scores[(scores["arm"] == arm) & (scores["config"] == index)]
+        finite = mine["score"].dropna()
+        mean = float(finite.mean()) if len(finite) else math.nan
+        configs.append(
+            TriedConfiguration(index=index, settings=settings, score=mean, n_seeds=len(finite))
+        )
+    ranked = [c for c in configs if not math.isnan(c.score)]
+    if not ranked:
+        raise ConfigError(
+            f"tuning: no configuration of arm {arm!r} has a validation score on any "
+            "tuning seed (every tuning trial failed?); see the trials under the tuning/ "
+            "directory, fix the cause and rerun `harness run` to resume"
+        )
+    best = max(ranked, key=lambda c: (c.score, -c.index))
+    return ArmSelection(
+        selected=best.index, score=best.score, settings=best.settings, configs=configs
+    )
 
 
 def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
@@ -242,12 +229,12 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
         scores = tuning_scores(cfg, tuning_dir)
         scores.to_parquet(tuning_dir / TUNING_SCORES, index=False)
         selection = select_configurations(cfg, scores)
-        (tuning_dir / TUNING_SELECTION).write_text(json.dumps(selection, indent=2) + "\n")
+        (tuning_dir / TUNING_SELECTION).write_text(selection.to_json())
         tracker.log_selection(selection)
-        for arm, entry in selection["arms"].items():
+        for arm, entry in selection.arms.items():
             console.print(
-                f"selected {arm}: configuration {entry['selected']} {entry['settings']} "
-                f"(validation {selection['metric']} {entry['score']:.4f})",
+                f"selected {arm}: configuration {entry.selected} {entry.settings} "
+                f"(validation {selection.metric} {entry.score:.4f})",
                 highlight=False,
             )
         final_cfg = final_stage_config(cfg, selection)
@@ -275,7 +262,7 @@ def _command(path: Path, steps: int | None, prefix: Sequence[str] | None) -> Com
 def _write_stage_config(stage_cfg: ExperimentConfig, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / STAGE_CONFIG
-    path.write_text(yaml.safe_dump(stage_cfg.model_dump(mode="json"), sort_keys=False))
+    path.write_text(yaml.safe_dump(resolved_dump(stage_cfg), sort_keys=False))
     return path
 
 
@@ -286,7 +273,7 @@ def _tuning(cfg: ExperimentConfig) -> TuningConfig:
 
 
 def _without_stages(cfg: ExperimentConfig) -> dict[str, Any]:
-    data = cfg.model_dump(mode="json")
+    data = resolved_dump(cfg)
     data.pop("tuning", None)
     data.pop("selection", None)
     return data

@@ -39,8 +39,15 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
+from contract.durable import file_digest
 from contract.record import write_json_atomic
-from harness.config import ConfigError, ModelConfig, TaskConfig, check_response_fits
+from harness.config import (
+    ConfigError,
+    ModelConfig,
+    TaskConfig,
+    check_response_fits,
+    resolved_dump,
+)
 from harness.file_lock import file_lock
 from harness.models.chat_warm_start import chat_warm_start
 from harness.models.mistral_vocab import build_mistral_tokenizer, save_mistral_tokenizer
@@ -53,7 +60,6 @@ from harness.models.tokenizer import (
     save_tokenizer,
 )
 from harness.models.warm_start import WarmStartReport, warm_start
-from harness.provenance import file_digest
 from harness.tasks.factory import make_rendered_task, make_task
 from harness.tasks.rendering import renderer_for
 from harness.tasks.rewards import make_reward_fn
@@ -87,7 +93,7 @@ BUILD_INFO_FILE = "build_info.json"
 
 def builtin_cache_key(model_cfg: ModelConfig, task_cfg: TaskConfig) -> str:
     """Hex digest of everything that determines the built-in model's files."""
-    task: dict[str, Any] = task_cfg.model_dump(mode="json")
+    task: dict[str, Any] = resolved_dump(task_cfg)
     if task_cfg.name == "file" and task_cfg.path is not None:
         task["path_sha256"] = file_digest(Path(task_cfg.path).expanduser())
     else:
@@ -227,7 +233,7 @@ def build_builtin(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -
         "format_version": FORMAT_VERSION,
         "cache_key": builtin_cache_key(model_cfg, task_cfg),  # not out_dir: a staging name
         "model": model_cfg.model_dump(mode="json", exclude={"cache_dir"}),
-        "task": task_cfg.model_dump(mode="json"),
+        "task": resolved_dump(task_cfg),
         "tie_word_embeddings": TIE_WORD_EMBEDDINGS,
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "transformers": transformers.__version__,

@@ -34,23 +34,19 @@ gradient lasts from one micro-batch to the next. `cpu_offload` moves the shards 
 
 Activations, per token and decoder block, are the tensors autograd saves (the accounting of
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
-sec. 4, redone for transformers' RMSNorm, GQA with SDPA and SwiGLU): see `block_saved`. The
-log-prob copies are counted from `learner.runtime.forward` and
+sec. 4, redone for transformers' RMSNorm, GQA with SDPA and SwiGLU): see
+`activations.block_saved`. The log-prob copies are counted from `learner.runtime.forward` and
 `learner.algorithms.sampling_dist` (`LOGIT_COPY_BYTES`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
+from harness.planning.activations import scoring_activations, update_activations
 from harness.planning.architecture import ModelShape
-
-F32 = 4
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-ADAM_MOMENT_BYTES = 2 * F32  # exp_avg, exp_avg_sq in float32
-INDEX_BYTES = 8  # int64
+from harness.planning.setup import ADAM_MOMENT_BYTES, F32, INDEX_BYTES, LearnerSetup
 
 LOGIT_COPY_BYTES = 13
 """float32 bytes per logit beside the model's own logits (in the compute dtype), at the
@@ -67,61 +63,6 @@ MOE_METRICS_LOGITS_TO_KEEP = 1
 """Positions a row that the `moe/*` routing forward projects to logits
 (`StepRouting._own_routing` calls the model with `logits_to_keep=1`): it needs the routers
 only, so its logits are [rows, 1, vocabulary] in the compute dtype, not [tokens, vocabulary]."""
-
-
-@dataclass(frozen=True)
-class LearnerSetup:
-    """What a step's memory depends on besides the model; `gpus` is the number of ranks."""
-
-    gpus: int = 1
-    parallel: Literal["ddp", "fsdp"] = "ddp"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    activation_checkpointing: bool = False
-    cpu_offload: bool = False
-    groups: int = 8  # prompts per step (learner.prompts_per_step)
-    group_size: int = 8  # samples per prompt (generation.group_size)
-    minibatches: int = 1
-    seq_len: int = 64  # padded row width: prompt + response tokens
-    micro_batch_tokens: int | None = None
-    logprob_chunk_tokens: int | None = None
-    critic: bool = False  # PPO's value model (a copy of the backbone, trained)
-    reference: bool = False  # frozen reference policy (beta > 0)
-    truncated_sampling: bool = False  # top-p < 1 or top-k > 0: sort copies of the logits
-
-    @property
-    def step_rows(self) -> int:
-        return self.groups * self.group_size
-
-    @property
-    def share_rows(self) -> int:
-        """Rows a rank trains per minibatch: its whole groups of the largest minibatch."""
-        per_minibatch = math.ceil(self.groups / self.minibatches)
-        return math.ceil(per_minibatch / self.gpus) * self.group_size
-
-    @property
-    def micro_rows(self) -> int:
-        """Rows of the largest micro-batch, every row at full width (`update.micro_batches`:
-        rows x width within the budget, at least one row)."""
-        if self.micro_batch_tokens is None:
-            return self.share_rows
-        return min(self.share_rows, max(1, self.micro_batch_tokens // self.seq_len))
-
-    @property
-    def micro_batches(self) -> int:
-        return math.ceil(self.share_rows / self.micro_rows)
-
-    @property
-    def scoring_rows(self) -> int:
-        """Rows of the largest micro-batch of the passes without gradient, which split the
-        whole step batch (every row, on every rank) by the same budget (`step._no_grad_pass`):
-        the whole batch when `learner.micro_batch_tokens` is unset."""
-        if self.micro_batch_tokens is None:
-            return self.step_rows
-        return min(self.step_rows, max(1, self.micro_batch_tokens // self.seq_len))
-
-    @property
-    def compute_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
 
 
 @dataclass(frozen=True)
@@ -208,103 +149,6 @@ def eval_copy(shape: ModelShape, setup: LearnerSetup) -> float:
     (`learner.runtime.published.PublishedWeights.eval_model`). Generation's own memory during
     the evals is not counted."""
     return setup.compute_bytes * shape.parameters() if setup.parallel == "fsdp" else 0.0
-
-
-# --- activations -----------------------------------------------------------------------
-
-
-def rms_saved(width: int, b: int) -> int:
-    """RMSNorm (transformers' `*RMSNorm.forward`): the float32 input and the normalised input in
-    the compute dtype that the weight multiply keeps."""
-    return (F32 + b) * width
-
-
-def attention_saved(shape: ModelShape, b: int) -> int:
-    """Bytes per token the attention half of a block saves: its RMSNorm and output (the q/k/v
-    projections' input), q after RoPE, k and v repeated to every head (a padding mask makes
-    transformers' SDPA path `repeat_kv`), SDPA's output, o_proj's contiguous input, and SDPA's
-    float32 log-sum-exp per head; Qwen3's q/k norms save their inputs too."""
-    q = shape.heads * shape.head_dim
-    kv = shape.kv_heads * shape.head_dim
-    qk_norm = rms_saved(q + kv, b) if shape.qk_norm else 0
-    return rms_saved(shape.hidden, b) + b * shape.hidden + qk_norm + 5 * b * q + F32 * shape.heads
-
-
-def mlp_saved(shape: ModelShape, b: int, sparse: bool) -> int:
-    """Bytes per token the MLP half saves: its RMSNorm and output, then SwiGLU's gate, SiLU,
-    up and product (4 x width). A sparse layer: the router's float32 softmax and top-k experts,
-    per active expert its input copy, SwiGLU and output (2 x hidden + 4 x width), and the
-    shared expert (with its gate's output)."""
-    norm = rms_saved(shape.hidden, b) + b * shape.hidden
-    if not sparse:
-        return norm + 4 * b * shape.intermediate
-    moe = shape.moe
-    assert moe is not None
-    router = F32 * moe.experts + INDEX_BYTES * moe.active
-    routed = moe.active * b * (2 * shape.hidden + 4 * moe.expert_intermediate)
-    shared = b * 4 * moe.shared_intermediate + (b * shape.hidden if moe.shared_gate else 0)
-    return norm + router + routed + shared
-
-
-def block_saved(shape: ModelShape, b: int, sparse: bool) -> int:
-    """Bytes per token one decoder block keeps for backward."""
-    return attention_saved(shape, b) + mlp_saved(shape, b, sparse)
-
-
-def attention_mask_bytes(rows: int, width: int, b: int, saved_masks: int) -> float:
-    """transformers' 4-D boolean padding mask [rows, 1, L, L], and SDPA's additive copy of it in
-    the compute dtype, made (and kept for backward) in each of `saved_masks` blocks."""
-    return rows * width * width * (1 + b * saved_masks)
-
-
-def update_activations(shape: ModelShape, setup: LearnerSetup) -> float:
-    """Saved activations of the largest micro-batch, plus one block's backward working set
-    (about its saved activations again). Activation checkpointing keeps each block's input
-    only, and recomputes one block at a time in backward."""
-    b, rows, width = setup.compute_bytes, setup.micro_rows, setup.seq_len
-    tokens = rows * width
-    kinds = shape.block_kinds()
-    one_block = max(block_saved(shape, b, sparse) for sparse, _ in kinds)
-    if setup.activation_checkpointing:
-        blocks = shape.layers * b * shape.hidden + 2 * one_block
-        masks = 1
-    else:
-        blocks = sum(count * block_saved(shape, b, sparse) for sparse, count in kinds) + one_block
-        masks = shape.layers
-    final = rms_saved(shape.hidden, b) + b * shape.hidden  # final norm, the head's input
-    rotary = 2 * F32 * shape.head_dim  # cos and sin, shared by the blocks
-    per_token = blocks + final + rotary
-    return tokens * per_token + attention_mask_bytes(rows, width, b, masks)
-
-
-def scoring_block_bytes(shape: ModelShape, b: int, sparse: bool) -> int:
-    """Bytes per token alive inside one block of a forward without gradient: the residual in
-    and out, the RMSNorm's float32 temporaries and output, then the larger of attention
-    (q, repeated k and v, output and its contiguous copy) and the MLP (SiLU, up, product at
-    once; a sparse layer: the shared expert, the router's logits and softmax, and the
-    one-hot expert mask [tokens, k, experts + 1] of int64 the expert loop builds)."""
-    residual = 2 * b * shape.hidden + 2 * F32 * shape.hidden + b * shape.hidden
-    attention = 5 * b * shape.heads * shape.head_dim
-    if not sparse:
-        return residual + max(attention, 3 * b * shape.intermediate)
-    moe = shape.moe
-    assert moe is not None
-    dispatch = INDEX_BYTES * moe.active * (moe.experts + 1)
-    mlp = 3 * b * moe.shared_intermediate + (b + F32) * moe.experts + dispatch
-    return residual + max(attention, mlp)
-
-
-def scoring_activations(
-    shape: ModelShape, setup: LearnerSetup, rows: int, *, hidden_copy: bool
-) -> float:
-    """A no-grad forward of `rows` rows: one block's working set, the final hidden states (and,
-    with `hidden_copy`, their copy at the scored positions that chunked log-probs make), the
-    mask and one SDPA copy."""
-    b, width = setup.compute_bytes, setup.seq_len
-    block = max(scoring_block_bytes(shape, b, sparse) for sparse, _ in shape.block_kinds())
-    hidden = b * shape.hidden * (2 if hidden_copy else 1)
-    per_token = block + hidden + 2 * F32 * shape.head_dim
-    return rows * width * per_token + attention_mask_bytes(rows, width, b, 1)
 
 
 # --- logits and routing record ---------------------------------------------------------

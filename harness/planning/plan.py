@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING
 
 from harness.overrides import ConfigError
 from harness.planning.architecture import KNOWN_TYPES, ModelShape, load_shape, shape_from_hf_config
-from harness.planning.memory import (
-    LearnerSetup,
-    MemoryEstimate,
-    estimate,
-    eval_copy,
-    routes_recorded,
-)
+from harness.planning.memory import MemoryEstimate, estimate, eval_copy, routes_recorded
+from harness.planning.setup import LearnerSetup
 
 if TYPE_CHECKING:
     from harness.config import ExperimentConfig

@@ -18,16 +18,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from contract.layout import TrialPaths
 from harness.config import ExperimentConfig
-from harness.executors.base import Executor
 from harness.storage.experiment_storage import experiment_storage, restore_working_copy
 from harness.storage.trial_storage import ENV_TRIAL, Storage, SupervisorSync, TrialSync
 
 
+class Placement(Protocol):
+    """What storage asks of an executor (`harness.executors.base.Executor`): whether components
+    keep private working copies. A Protocol, so that storage stays below the executors, which
+    use it (a Ray component host's working copy)."""
+
+    private_components: bool
+
+
 def setup_driver_storage(
-    cfg: ExperimentConfig, out: Path | str | None, executor: Executor
+    cfg: ExperimentConfig, out: Path | str | None, executor: Placement
 ) -> tuple[Storage | None, Path | str | None]:
     """The experiment's bucket (None for a path) and where the driver runs: the bucket's
     working copy, restored (without what private components keep themselves), or `out`."""
@@ -37,7 +45,7 @@ def setup_driver_storage(
     return storage, restore_working_copy(storage, private_components=executor.private_components)
 
 
-def setup_supervisor_sync(trial_root: Path, executor: Executor) -> SupervisorSync:
+def setup_supervisor_sync(trial_root: Path, executor: Placement) -> SupervisorSync:
     """The trial supervisor's sync, for the bucket its environment names (none: no sync)."""
     return SupervisorSync.for_trial(trial_root, private_components=executor.private_components)
 

@@ -24,7 +24,8 @@ import redis
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
 from buffer.schema import RecordError, RolloutGroup, encode_group, make_group_id
 from buffer.streams import (
-    RolloutBuffer,
+    RolloutProducer,
+    RolloutSink,
     TicketDispenser,
     VersionRegistry,
     admission_limit,
@@ -172,7 +173,7 @@ def claim_batch(
 
 
 def push_round(
-    buffer: RolloutBuffer,
+    buffer: RolloutSink,
     groups: list[RolloutGroup],
     *,
     batch_index: int,
@@ -294,7 +295,7 @@ def _generate(
     fetcher: WeightFetcher | None = None,
 ) -> GeneratorStats:
     """The loop of `run_generator_component`; the caller owns (and closes) `client`."""
-    buffer = RolloutBuffer(client, run_id, cfg.buffer)
+    buffer = RolloutProducer(client, run_id, cfg.buffer)  # creates no consumer group
     tickets = TicketDispenser(client, run_id)
     versions = VersionRegistry(client, run_id, watch=watch)
     per_step = cfg.learner.prompts_per_step

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
-from buffer.streams import RolloutBuffer, Telemetry, connect
+from buffer.streams import RolloutConsumer, Telemetry, connect
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
 from contract.layout import WEIGHTS_DIR, TrialPaths
@@ -24,6 +24,7 @@ from contract.record import TrialRecordError, read_trial_record, write_json_atom
 from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
+from harness.launch.processes import die_with_torchrun_agent
 from harness.models.factory import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer
 from harness.storage.remote_weights import RemoteWeightStore
@@ -36,7 +37,6 @@ from harness.storage.trial_storage import (
 )
 from harness.tasks.mixture import make_train_mixture
 from harness.trial.disk_space import disk_full_as_one_line
-from harness.trial.processes import die_with_torchrun_agent
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
@@ -214,64 +214,57 @@ def run_learner_component(
     A full disk (weights, checkpoint, metrics) ends it with one LearnerDiskFullError line.
     """
     with disk_full_as_one_line(paths.root, error=LearnerDiskFullError, keep=(ConfigError,)):
-        return _run_learner_component(
-            cfg, spec, paths, redis_url=redis_url, run_id=run_id, steps=steps, resume=resume
-        )
-
-
-def _run_learner_component(
-    cfg: ExperimentConfig,
-    spec: TrialSpec,
-    paths: TrialPaths,
-    *,
-    redis_url: str,
-    run_id: str,
-    steps: int | None,
-    resume: bool,
-) -> LearnerOutcome:
-    die_with_torchrun_agent()  # a rank outlives no SIGKILLed supervisor (no-op single-process)
-    dist = init_distributed(cfg.learner.device, group_of_one=cfg.learner.parallel == "fsdp")
-    sync = setup_component_sync(paths.root) if dist.is_main else None
-    if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
-        sync.pull(LEARNER_FILES)
-    barrier(dist)  # every rank loads the checkpoint that rank 0 has just fetched
-    on_step = _fault_injection() if dist.is_main else None
-    with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
-        owned.enter_context(redis_failures_as_one_line(redis_url))  # exits last: sees all
-        owned.callback(shutdown, dist)
-        task = learner_task(cfg, spec, paths, steps)
+        die_with_torchrun_agent()  # a rank outlives no SIGKILLed supervisor (no-op single-process)
+        dist = init_distributed(cfg.learner.device, group_of_one=cfg.learner.parallel == "fsdp")
+        sync = setup_component_sync(paths.root) if dist.is_main else None
+        if sync is not None:  # a private working copy (Ray, bucket): the bucket's state first
+            sync.pull(LEARNER_FILES)
+        barrier(dist)  # every rank loads the checkpoint that rank 0 has just fetched
+        on_step = _fault_injection() if dist.is_main else None
+        with contextlib.ExitStack() as owned:  # closes the Redis client, then shuts dist down
+            owned.enter_context(redis_failures_as_one_line(redis_url))  # exits last: sees all
+            owned.callback(shutdown, dist)
+            task = learner_task(cfg, spec, paths, steps)
+            if dist.is_main:
+                watch = RunStateWatch(run_id)  # a reconnect to a Redis that restarted empty fails
+                client = owned.enter_context(
+                    connect(
+                        redis_url, cfg.buffer.tls_ca_file, check_connection=watch.check_connection
+                    )
+                )
+                versions = VersionRegistry(client, run_id, watch=watch)
+                if resume:  # before anything recreates the run's keys
+                    require_checkpoint_version(versions, paths)
+                name_initial_weights(versions, paths, task.model_dir)
+                buffer = RolloutConsumer(client, run_id, cfg.buffer)  # creates the consumer group
+                telemetry = Telemetry(client, run_id)
+                weights = WeightStore(paths.weights)
+                if sync is not None:
+                    buffer = UploadBeforeAck(buffer, sync)
+                    weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
+                    on_step = _with_progress_push(on_step, sync)
+                evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
+            else:
+                buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
+            with resume_failures_as_one_line():
+                outcome = run_learner(
+                    task,
+                    buffer=buffer,
+                    telemetry=telemetry,
+                    versions=versions,
+                    weights=weights,
+                    evaluate=evaluate,
+                    resume=resume,
+                    on_step=on_step,
+                    dist=dist,
+                )
         if dist.is_main:
-            watch = RunStateWatch(run_id)  # a reconnect to a Redis that restarted empty fails
-            client = owned.enter_context(
-                connect(redis_url, cfg.buffer.tls_ca_file, check_connection=watch.check_connection)
-            )
-            versions = VersionRegistry(client, run_id, watch=watch)
-            if resume:  # before anything recreates the run's keys
-                require_checkpoint_version(versions, paths)
-            name_initial_weights(versions, paths, task.model_dir)
-            buffer, telemetry = RolloutBuffer(client, run_id, cfg.buffer), Telemetry(client, run_id)
-            weights = WeightStore(paths.weights)
-            if sync is not None:
-                buffer = UploadBeforeAck(buffer, sync)
-                weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
-                on_step = _with_progress_push(on_step, sync)
-            evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
-        else:
-            buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
-        with resume_failures_as_one_line():
-            outcome = run_learner(
-                task,
-                buffer=buffer,
-                telemetry=telemetry,
-                versions=versions,
-                weights=weights,
-                evaluate=evaluate,
-                resume=resume,
-                on_step=on_step,
-                dist=dist,
-            )
-    if not dist.is_main:
+            _record_outcome(paths, outcome, sync)
         return outcome
+
+
+def _record_outcome(paths: TrialPaths, outcome: LearnerOutcome, sync: TrialSync | None) -> None:
+    """Rank 0: the outcome file (pushed to the bucket with the learner's files) and one line."""
     write_json_atomic(
         paths.learner_outcome,
         {
@@ -283,7 +276,6 @@ def _run_learner_component(
     if sync is not None:
         sync.push(LEARNER_FILES)
     print(json.dumps({"learner": outcome.status, "steps": outcome.steps_completed}), flush=True)
-    return outcome
 
 
 def _with_progress_push(

@@ -16,13 +16,14 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from contract.durable import file_digest
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record, write_trial_record
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
-from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig
+from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig, resolved_dump
 from harness.executors.base import TrialFailedError
 from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
-from harness.provenance import file_digest, provenance
+from harness.provenance import provenance
 from harness.tasks.factory import held_out_prompts, make_rendered_task
 from harness.tasks.mixture import make_train_mixture
 
@@ -159,7 +160,7 @@ def prepare_trial(
         ):
             _remove_tree(stale)
         paths.learner_outcome.unlink(missing_ok=True)
-    paths.resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    paths.resolved_config.write_text(yaml.safe_dump(resolved_dump(cfg), sort_keys=False))
     model_dir = build_model_dir(cfg.model, cfg.task)
     prompt_table(cfg, spec, steps, model_dir).to_parquet(paths.prompts, index=False)
     arm = cfg.arm(spec.arm)

@@ -19,7 +19,7 @@ import redis
 
 from buffer.connection import BufferConnectionError, RunStateLostError
 from buffer.server import EmbeddedRedis, RedisStartError
-from buffer.streams import RolloutBuffer, TicketDispenser, VersionRegistry, connect
+from buffer.streams import TicketDispenser, VersionRegistry, clear_stop, connect, delete_run
 from buffer.weight_store import WeightStore
 from contract.layout import TrialPaths
 from contract.record import (
@@ -221,16 +221,15 @@ def _reset_run(
     cut short: the generators start before the learner could). Either way withdraw the stop flag
     the previous attempt's teardown set, or every generator would exit at once."""
     with connect(redis_url, cfg.buffer.tls_ca_file) as client:
-        tickets = TicketDispenser(client, run_id)
         if fresh:
-            RolloutBuffer(client, run_id, cfg.buffer).delete_run()
+            delete_run(client, run_id)  # the learner's consumer creates the stream's group again
         else:
-            tickets.expire_all_leases()
+            TicketDispenser(client, run_id).expire_all_leases()
             store = WeightStore(weights)
             VersionRegistry(client, run_id).restore_locations(
                 {v: store.path(v) for v in store.versions()}
             )
-        tickets.clear_stop()
+        clear_stop(client, run_id)
 
 
 __all__ = ["TrialFailedError", "TrialOutcome", "run_trial"]

@@ -20,17 +20,18 @@ from pathlib import Path
 
 import redis
 
-from buffer.streams import RolloutBuffer, TicketDispenser, connect
+from buffer.streams import TicketDispenser, connect, request_stop
 from contract.layout import TrialPaths
 from contract.record import read_json
 from contract.trial import TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
 from harness.executors.base import Component, ComponentLauncher, TrialFailedError
 from harness.executors.local import LocalLauncher
+from harness.launch.processes import EXIT_NO_RESTART, python_module_args
 from harness.signals import SignalLatch
 from harness.storage.trial_storage import SupervisorSync
 from harness.trial.disk_space import disk_full_line, low_on_space
-from harness.trial.processes import EXIT_NO_RESTART, RestartBudget, python_module_args
+from harness.trial.restarts import RestartBudget
 from learner.runtime.metrics_log import MetricsLog
 
 # Restarts of one generator in a row without progress (a learner step or a pushed group).
@@ -240,4 +241,4 @@ def steps_done(paths: TrialPaths) -> int:
 
 def _stop_generators(redis_url: str, cfg: ExperimentConfig, run_id: str) -> None:
     with contextlib.suppress(Exception), connect(redis_url, cfg.buffer.tls_ca_file) as client:
-        RolloutBuffer(client, run_id, cfg.buffer).request_stop()
+        request_stop(client, run_id)

@@ -6,6 +6,8 @@ the paper's defaults as field defaults, and declares how the objective behaves i
 as class variables (`advantages`, `needs_value_model`, `fixed_aggregation` hence `loss_units`,
 `same_gradient_as`). `extra="forbid"` plus `_unread_message`: a setting the objective does not
 read is an error naming the field and the objectives that do read it, never a silent no-op.
+An arm is frozen, and it is what its objective reads: the learner passes the arm itself, which
+satisfies the settings Protocols of `learner.algorithms.objectives.settings` structurally.
 
 Imports no torch: loading a config must stay cheap.
 """
@@ -20,15 +22,12 @@ from pydantic import (
     Field,
     PlainValidator,
     SerializeAsAny,
-    SerializerFunctionWrapHandler,
     ValidationError,
-    model_serializer,
     model_validator,
 )
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
-from learner.algorithms.options import ObjectiveOptions
 from learner.config.arm_training import TrainingOverrides
 from learner.config.shared import LearnerConfig
 from learner.vocabulary import (
@@ -51,7 +50,7 @@ class ArmBase(TrainingOverrides):
     correction, MoE routing replay and its own optimiser settings (`TrainingOverrides`).
     Subclasses add their objective's own settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     advantages: ClassVar[AdvantageKind]
     """Which advantage estimator feeds the objective (`learner.vocabulary.AdvantageKind`)."""
@@ -137,23 +136,10 @@ class ArmBase(TrainingOverrides):
                 ) from None
         return self
 
-    def dump_omits(self) -> set[str]:
-        """Fields left out of the dump: what the arm does not read under its other settings,
-        and optimiser overrides left unset (so they change no config's hash). A dumped arm
-        validates again to the same arm."""
-        return self.unset_training_fields()
-
     def sampling_rounds(self) -> int:
         """Extra generation rounds per step DAPO's dynamic sampling may ask for: 0, unless a
         group arm sets `dynamic_sampling_rounds` (the harness and the learner both read it)."""
         return 0
-
-    @model_serializer(mode="wrap")
-    def _dump_read_settings(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data = handler(self)
-        for name in self.dump_omits():
-            data.pop(name, None)
-        return data
 
     @classmethod
     def default_clip(cls) -> tuple[float, float]:
@@ -171,18 +157,6 @@ class ArmBase(TrainingOverrides):
         """What the loss averages over (data-parallel ranks rescale by it): tokens for
         token-mean (DAPO, PPO), else non-empty sequences (GSPO, GSPO-token, GRPO seq-mean-*)."""
         return "tokens" if self.aggregation == "token-mean" else "sequences"
-
-    def objective_options(self, max_len: int | None) -> ObjectiveOptions:
-        """The arm's settings as the loss reads them: built once per step. `max_len` is the
-        generation cap, Dr. GRPO's divisor; arms whose aggregation needs none drop it."""
-        return ObjectiveOptions(
-            eps_low=self.eps_low,
-            eps_high=self.eps_high,
-            agg=self.aggregation,
-            max_len=None,
-            beta=self.beta,
-            kl_estimator=self.kl_estimator,
-        )
 
     def correction_for(self, learner: LearnerConfig) -> CorrectionSpec:
         """The arm's resolved correction; an arm without one follows `learner.old_logprobs`."""
@@ -239,16 +213,6 @@ class GroupArm(ArmBase):
 
     def sampling_rounds(self) -> int:
         return self.dynamic_sampling_rounds
-
-    def dump_omits(self) -> set[str]:
-        """Settings this arm does not read under its other settings: `adv_norm` under another
-        estimator, and `adv_estimator` and `dynamic_sampling_rounds` at their defaults, so
-        that configs written before those fields existed keep their dump, hence their hash."""
-        omitted = super().dump_omits()
-        omitted.add("adv_estimator" if self.adv_estimator == "group" else "adv_norm")
-        if self.dynamic_sampling_rounds == 0:  # off: the dump (and hash) of earlier configs
-            omitted.add("dynamic_sampling_rounds")
-        return omitted
 
 
 ARM_MODELS: dict[str, type[ArmBase]] = {}
@@ -331,11 +295,6 @@ def arm_model(objective: str) -> type[ArmBase]:
         raise ValueError(
             f"unknown objective {objective!r}; registered objectives are {objective_names()}"
         ) from None
-
-
-def default_options(objective: str, max_len: int | None = None) -> ObjectiveOptions:
-    """The options of an arm that sets nothing but its objective (paper defaults)."""
-    return make_arm(name=objective, objective=objective).objective_options(max_len)
 
 
 def _unread_message(model: type[ArmBase], data: dict[str, Any], unread: list[str]) -> str:

@@ -4,9 +4,10 @@ A comparison is matched when arms differ only in their objective; a tuned compar
 tuning budget per arm) or a positive control (the same objective at a tenth of the learning rate)
 needs an arm's own learning rate, gradient clip, minibatches or epochs. Each is unset by default
 (the arm trains with `learner.*`); a set one is part of the arm's identity, so it enters the
-config hash and the MLflow params, while an unset one is left out of the dump and changes no
-existing config's hash. The runtime never reads these fields: it trains with
-`arm.training_settings(learner)`, the shared settings with the arm's overrides, built once.
+config hash and the MLflow params, while an unset one is left out of the resolved config
+(`learner.config.omitted`) and changes no existing config's hash. The runtime never reads
+these fields: it trains with `arm.training_settings(learner)`, the shared settings with the
+arm's overrides, built once.
 """
 
 from __future__ import annotations
@@ -65,7 +66,3 @@ class TrainingOverrides(BaseModel):
             )
             name = getattr(self, "name", "?")
             raise ValueError(f"arm {name!r} overrides {sorted(overrides)}: {problems}") from None
-
-    def unset_training_fields(self) -> set[str]:
-        """Overrides left at None: not dumped, so they change no config hash."""
-        return {name for name in self.training_fields if getattr(self, name) is None}

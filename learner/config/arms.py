@@ -8,12 +8,10 @@ loss function there plus one model here, registered with `register_arm`.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from learner.algorithms.options import ObjectiveOptions
 from learner.config.arm_base import ArmBase, GroupArm, register_arm
 from learner.vocabulary import AdvantageKind, LossAggregation, Objective
 
@@ -67,9 +65,6 @@ class GRPOArm(GroupArm):
     @property
     def aggregation(self) -> LossAggregation:
         return self.agg
-
-    def objective_options(self, max_len: int | None) -> ObjectiveOptions:
-        return replace(super().objective_options(max_len), max_len=max_len)
 
 
 @register_arm

@@ -9,12 +9,10 @@ eps_high are class constants (inf, no clip), so a config that sets them is refus
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from learner.algorithms.options import ClipCovOptions, KLCovOptions, SAPOOptions
 from learner.config.arm_base import GroupArm, register_arm
 from learner.vocabulary import LossAggregation
 
@@ -82,10 +80,6 @@ class SAPOArm(_ClipFreeArm):
         description="Gate temperature for A <= 0; the paper takes it above tau_pos, since "
         "negative updates spread to many unsampled tokens. SAPO paper default 1.05.",
     )
-
-    def objective_options(self, max_len: int | None) -> SAPOOptions:
-        base = asdict(super().objective_options(max_len))
-        return SAPOOptions(**base, tau_pos=self.tau_pos, tau_neg=self.tau_neg)
 
 
 @register_arm
@@ -155,14 +149,6 @@ class ClipCovArm(GroupArm):
             )
         return self
 
-    def objective_options(self, max_len: int | None) -> ClipCovOptions:
-        return ClipCovOptions(
-            **asdict(super().objective_options(max_len)),
-            clip_fraction=self.clip_fraction,
-            cov_low=self.cov_low,
-            cov_high=self.cov_high,
-        )
-
 
 @register_arm
 class KLCovArm(_ClipFreeArm):
@@ -191,7 +177,3 @@ class KLCovArm(_ClipFreeArm):
         description="beta of the penalty beta |log pi_theta - log pi_old| on the selected tokens; "
         "the authors' recipes use 1.",
     )
-
-    def objective_options(self, max_len: int | None) -> KLCovOptions:
-        base = asdict(super().objective_options(max_len))
-        return KLCovOptions(**base, kl_fraction=self.kl_fraction, kl_coef=self.kl_coef)

@@ -6,10 +6,11 @@ config hash read the records without importing torch.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+
+from contract.durable import file_digest
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,4 @@ def _version(module: object) -> str:
 def _source_digest(module: object) -> str:
     origin = Path(getattr(module, "__file__", "") or "")
     files = sorted(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
-    digest = hashlib.sha256()
-    for path in files:
-        if path.is_file():
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return file_digest([path for path in files if path.is_file()])

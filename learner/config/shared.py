@@ -3,27 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from learner.vocabulary import LRSchedule, OldLogprobs
-
-_LEFT_OUT_AT_DEFAULT: dict[str, object] = {
-    "parallel": "ddp",
-    "dtype": "float32",
-    "activation_checkpointing": False,
-    "cpu_offload": False,
-}
-"""Scale options a config leaves at their default are left out of its dump, so configs from
-before they existed keep their hash."""
 
 
 class LearnerConfig(BaseModel):
@@ -137,19 +121,6 @@ class LearnerConfig(BaseModel):
         "optimizer state in CPU memory (FSDP2 CPUOffloadPolicy; the optimizer steps on the "
         "CPU). Trades step time for GPU memory.",
     )
-
-    @model_serializer(mode="wrap")
-    def _dump_set_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Options left unset are left out of the dump, so they change no existing config's
-        hash (as an arm's unset overrides, `learner.config.arm_training`)."""
-        data = handler(self)
-        for name in ("micro_batch_tokens", "logprob_chunk_tokens"):
-            if data.get(name, 0) is None:
-                del data[name]
-        for name, default in _LEFT_OUT_AT_DEFAULT.items():
-            if name in data and data[name] == default:
-                del data[name]
-        return data
 
     @model_validator(mode="after")
     def _check(self) -> LearnerConfig:

@@ -7,18 +7,13 @@ design section 9).
 
 Saving: `state.pt` is written to a temporary directory, fsynced and renamed to `step-NNNNNN/`;
 then `manifest.json` is written into it (temporary name, fsync, rename, fsync of the directory),
-then `latest.json` is replaced atomically, then old checkpoints are pruned. The manifest is the
-checkpoint's seal: a directory without a valid one is incomplete (a kill mid-save) and never
-loaded. It reads
-
-    {"format": "gspo-harness checkpoint v1", "step": 4,
-     "files": {"state.pt": {"sha256": "<hex>", "bytes": 123456}},
-     "records": {"metrics.parquet/part-000000.parquet": {"step": 0, "sha256": "<hex>"},
-                 "trained_groups/step-000001.json": {"step": 1, "sha256": "<hex>"}, ...}}
+then `latest.json` is replaced atomically (`contract.durable`), then old checkpoints are pruned.
+The manifest (`contract.checkpoint_manifest`) is the checkpoint's seal: a directory without a
+valid one is incomplete (a kill mid-save) and never loaded.
 
 `files`: every file of the checkpoint directory with its size and sha256. `records`: the trial's
 per-step files of steps <= the checkpoint's (metrics and eval parts, ledger files; names relative
-to the trial directory, `learner.runtime.metrics_log.step_records`), which the learner flushed
+to the trial directory, `learner.runtime.records.StepRecords.vouched`), which the learner flushed
 before saving; the checkpoint vouches for them.
 
 Sharded (`learner.parallel=fsdp`): the models and optimisers are not in `state.pt` but in
@@ -34,7 +29,7 @@ first, skips each one whose manifest is missing or invalid or whose files are mi
 from their digests (saying why, one line each), and loads the newest intact one (saying which).
 The steps after it are retrained from the groups Redis still holds pending: a fallback past a
 checkpoint whose groups were already committed cannot get them back, so the resume fails at once
-in one line (`loop.settle_resumed_commits` compares Redis's trained ids with the checkpoint's)
+in one line (`resume.settle_resumed_commits` compares Redis's trained ids with the checkpoint's)
 instead of waiting for them until `take_timeout_s`. With none intact
 it raises `ResumeError` (one line) rather than start over: a fresh start would delete the
 trial's rows, and Redis no longer holds the groups the checkpoints committed.
@@ -50,9 +45,7 @@ are our own, but nothing here ever executes pickled code.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import random
 import re
 import shutil
@@ -63,19 +56,27 @@ from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
-from contract.step_tables import fsync_dir
+from contract.checkpoint_manifest import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    CheckpointManifest,
+    CheckpointSeal,
+    ManifestFile,
+    ManifestRecord,
+    is_inside,
+    manifest_bytes,
+)
+from contract.durable import file_digest, fsync_dir, fsync_tree, write_atomic
 from learner.runtime import sharded_checkpoint
 from learner.runtime.distributed import SINGLE, DistContext, barrier
 
 STATE_FILE = "state.pt"
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "gspo-harness checkpoint v1"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 # The per-step files a checkpoint of step k vouches for, given k: {name relative to the trial
-# directory: (its step, its path)} (`learner.runtime.metrics_log.step_records`).
+# directory: (its step, its path)} (`learner.runtime.records.StepRecords.vouched`).
 Records = Callable[[int], Mapping[str, tuple[int, Path]]]
 
 
@@ -180,30 +181,14 @@ class CheckpointStore:
             "refused_slots": dict(state.refused_slots),
         }
         torch.save(payload, tmp / STATE_FILE)
-        _fsync_dir(tmp)
+        fsync_tree(tmp)
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         fsync_dir(self.root)
-        files = {
-            path.relative_to(final).as_posix(): {
-                "sha256": _sha256(path),
-                "bytes": path.stat().st_size,
-            }
-            for path in sorted(final.rglob("*"))
-            if path.is_file()
-        }
-        records = self.records(state.step) if self.records is not None else {}
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "step": state.step,
-            "files": files,
-            "records": {
-                name: {"step": step, "sha256": self._record_digest(path)}
-                for name, (step, path) in sorted(records.items())
-            },
-        }
-        _write_json_atomic(final / MANIFEST, manifest)  # the seal: last in the directory
-        _write_json_atomic(self.root / "latest.json", {"step": state.step, "dir": final.name})
+        manifest = self._build_manifest(final, state.step)
+        write_atomic(final / MANIFEST, manifest_bytes(manifest))  # the seal: last in the directory
+        latest = {"step": state.step, "dir": final.name}
+        write_atomic(self.root / "latest.json", json.dumps(latest).encode())
         self._prune(state.step)
         if sharded:
             barrier(dist)
@@ -255,17 +240,17 @@ class CheckpointStore:
         """Check the per-step files checkpoint `step` vouches for, relative to `base` (the trial
         directory). Raises `ResumeError` (one line) naming the first missing or damaged one, its
         step and the checkpoint's step range: they cannot be rebuilt (module docstring)."""
-        manifest = self._manifest(step)
-        records = manifest.get("records") if isinstance(manifest, dict) else None
-        if not isinstance(records, dict) or not all(map(_valid_record, records.values())):
-            raise ResumeError(f"{self._dir(step) / MANIFEST}: its records are not valid")
+        try:
+            records = CheckpointManifest.model_validate(self._manifest(step)).records
+        except ValidationError:
+            raise ResumeError(f"{self._dir(step) / MANIFEST}: its records are not valid") from None
         problems = []
-        for name, record in sorted(records.items(), key=lambda item: (item[1]["step"], item[0])):
+        for name, record in sorted(records.items(), key=lambda item: (item[1].step, item[0])):
             path = Path(base) / name
-            if not _inside(name) or not path.is_file():
-                problems.append((record["step"], name, "missing"))
-            elif self._record_digest(path) != record["sha256"]:
-                problems.append((record["step"], name, "damaged"))
+            if not is_inside(name) or not path.is_file():
+                problems.append((record.step, name, "missing"))
+            elif self._record_digest(path) != record.sha256:
+                problems.append((record.step, name, "damaged"))
         if not problems:
             return
         first_step, name, what = problems[0]
@@ -286,34 +271,52 @@ class CheckpointStore:
     def _manifest(self, step: int) -> object:
         return json.loads((self._dir(step) / MANIFEST).read_text())
 
+    def _build_manifest(self, final: Path, step: int) -> CheckpointManifest:
+        """The manifest of the checkpoint just renamed to `final`: its files and the trial's
+        step files it vouches for."""
+        files = {
+            path.relative_to(final).as_posix(): ManifestFile(
+                sha256=file_digest(path), bytes=path.stat().st_size
+            )
+            for path in sorted(final.rglob("*"))
+            if path.is_file()
+        }
+        records = self.records(step) if self.records is not None else {}
+        return CheckpointManifest(
+            format=MANIFEST_FORMAT,
+            step=step,
+            files=files,
+            records={
+                name: ManifestRecord(step=record_step, sha256=self._record_digest(path))
+                for name, (record_step, path) in sorted(records.items())
+            },
+        )
+
     def _problem(self, step: int) -> str | None:
         """Why checkpoint `step` is not intact, in a few words, or None if it is."""
         directory = self._dir(step)
         if not (directory / MANIFEST).is_file():
             return f"it has no {MANIFEST} (its save did not finish, or the manifest was lost)"
         try:
-            manifest = self._manifest(step)
+            raw = self._manifest(step)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             return f"{MANIFEST} is unreadable ({exc})"
-        files = manifest.get("files") if isinstance(manifest, dict) else None
-        if (
-            not isinstance(files, dict)
-            or manifest.get("format") != MANIFEST_FORMAT
-            or manifest.get("step") != step
-            or STATE_FILE not in files
-            or not all(_inside(name) and _valid_file(entry) for name, entry in files.items())
-        ):
+        try:
+            seal = CheckpointSeal.model_validate(raw)
+        except ValidationError:
+            seal = None
+        if seal is None or seal.step != step or STATE_FILE not in seal.files:
             return f"{MANIFEST} is not a valid {MANIFEST_FORMAT} manifest of step {step}"
-        for name, entry in sorted(files.items()):
+        for name, entry in sorted(seal.files.items()):
             path = directory / name
             if not path.is_file():
                 return f"{name} is missing"
-            if path.stat().st_size != entry["bytes"]:
+            if path.stat().st_size != entry.bytes:
                 return (
                     f"{name} is damaged ({path.stat().st_size} bytes, its manifest says "
-                    f"{entry['bytes']})"
+                    f"{entry.bytes})"
                 )
-            if _sha256(path) != entry["sha256"]:
+            if file_digest(path) != entry.sha256:
                 return f"{name} is damaged (its sha256 differs from the manifest's)"
         return None
 
@@ -333,7 +336,7 @@ class CheckpointStore:
         cached = self._digests.get(path)
         if cached is not None and cached[:2] == (stat.st_size, stat.st_mtime_ns):
             return cached[2]
-        digest = _sha256(path)
+        digest = file_digest(path)
         self._digests[path] = (stat.st_size, stat.st_mtime_ns, digest)
         return digest
 
@@ -343,61 +346,3 @@ class CheckpointStore:
         steps = sorted(step for step in self.steps() if step <= newest)
         for old in steps[: max(0, len(steps) - self.keep)]:
             shutil.rmtree(self._dir(old), ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    """fsync every file under `path`, then every directory (deepest first)."""
-    for child in path.rglob("*"):
-        if child.is_file():
-            with child.open("rb") as handle:
-                os.fsync(handle.fileno())
-    for directory in sorted((p for p in path.rglob("*") if p.is_dir()), reverse=True):
-        fsync_dir(directory)
-    fsync_dir(path)
-
-
-def _write_json_atomic(path: Path, content: object) -> None:
-    """A temporary name, fsync, rename into place, fsync of the directory."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as handle:
-        json.dump(content, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    tmp.replace(path)
-    fsync_dir(path.parent)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _inside(name: object) -> bool:
-    """A manifest name that stays inside its base directory (no absolute path, no `..`)."""
-    return (
-        isinstance(name, str)
-        and bool(name)
-        and not Path(name).is_absolute()
-        and ".." not in Path(name).parts
-    )
-
-
-def _valid_file(entry: object) -> bool:
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("bytes"), int)
-        and isinstance(entry.get("sha256"), str)
-        and bool(_HEX64.match(entry["sha256"]))
-    )
-
-
-def _valid_record(entry: object) -> bool:
-    return (
-        isinstance(entry, dict)
-        and isinstance(entry.get("step"), int)
-        and isinstance(entry.get("sha256"), str)
-        and bool(_HEX64.match(entry["sha256"]))
-    )

@@ -2,17 +2,17 @@
 (`contract.step_tables` owns that format: why parts, and how a resumed trial drops the newer
 ones), and the ledger of trained groups.
 
-A checkpoint of step k vouches for the per-step files of steps <= k (`step_records`: metric and
-eval parts, ledger files) with their sha256 in its manifest; a resumed learner checks them
-(`learner.runtime.checkpoint.CheckpointStore.verify_records`) and fails in one line on a missing
-or damaged one instead of completing with rows or groups silently missing.
+A checkpoint of step k vouches for the per-step files of steps <= k (metric and eval parts,
+ledger files: `learner.runtime.records.StepRecords.vouched`) with their sha256 in its manifest; a
+resumed learner checks them (`learner.runtime.checkpoint.CheckpointStore.verify_records`) and
+fails in one line on a missing or damaged one instead of completing with rows or groups silently
+missing.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from contract import metrics as M
 from contract import step_tables
+from contract.durable import write_atomic
 from contract.layout import TrialPaths
 
 _LEDGER_FILE = re.compile(r"^step-(\d{6,})\.json$")
@@ -80,14 +81,8 @@ class GroupLedger:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def record(self, step: int, rows: list[dict[str, object]]) -> None:
-        final = self.path(step)
-        tmp = final.with_name(f".{final.name}.tmp")
-        with tmp.open("w") as handle:
-            handle.write(json.dumps(rows))
-            handle.flush()
-            os.fsync(handle.fileno())  # durable before a checkpoint vouches for it
-        tmp.replace(final)
-        step_tables.fsync_dir(self.root)
+        # durable before a checkpoint vouches for it
+        write_atomic(self.path(step), json.dumps(rows).encode())
 
     def path(self, step: int) -> Path:
         return self.root / f"step-{step:06d}.json"
@@ -109,21 +104,3 @@ class GroupLedger:
             step = int(path.stem.split("-")[1])
             rows += [{"step": step, **row} for row in json.loads(path.read_text())]
         return rows
-
-
-def step_records(trial_dir: Path, through: int) -> dict[str, tuple[int, Path]]:
-    """The per-step files a checkpoint of step `through` vouches for: the metric and eval parts
-    and ledger files of steps <= `through`, as {path relative to `trial_dir`: (step, path)}."""
-    paths = TrialPaths(Path(trial_dir))
-    found: dict[str, tuple[int, Path]] = {}
-    for root in (paths.metrics, paths.evals):
-        for step in step_tables.part_steps(root):
-            if step <= through:
-                part = step_tables.part_path(root, step)
-                found[f"{root.name}/{part.name}"] = (step, part)
-    if paths.trained_groups.is_dir():
-        ledger = GroupLedger(trial_dir)
-        for step in ledger.steps():
-            if step <= through:
-                found[f"{ledger.root.name}/{ledger.path(step).name}"] = (step, ledger.path(step))
-    return found

@@ -4,18 +4,19 @@ The step reads top to bottom like the paper's algorithm box: pick pi_old, comput
 loop over epochs and minibatches computing the arm's objective, clip gradients, update. A
 minibatch may be trained in micro-batches (`learner.micro_batch_tokens`,
 `learner.runtime.update`): their gradients accumulate and the optimizer steps once per
-minibatch; every loss divides by the whole minibatch's totals (`LossTotals`), so the gradient
-is the unsplit minibatch's.
+minibatch; every part's terms are reduced with the whole minibatch's totals (`LossTotals`), so
+the gradient is the unsplit minibatch's (`learner.runtime.minibatch`).
 Everything that differs between arms is declared by the arm's config model
-(`learner.config.arms`): the objective, its options, its advantage estimator, its critic and its
-loss units; the loss itself is `learner.algorithms.objectives.POLICY_LOSSES[arm.objective]`.
+(`learner.config.arms`): the objective and the settings it reads (the arm itself), its
+advantage estimator, its critic and its loss units; the objective itself is
+`learner.algorithms.objectives.POLICY_LOSSES[arm.objective]`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
@@ -31,39 +32,26 @@ from learner.algorithms.advantages import (
 from learner.algorithms.corrections import correction_weights
 from learner.algorithms.kl import kl_from_log_ratio
 from learner.algorithms.masking import masked_mean
-from learner.algorithms.objectives import (
-    POLICY_LOSSES,
-    LossTotals,
-    ObjectiveOptions,
-    PolicyLoss,
-    Stats,
-    value_loss,
-)
+from learner.algorithms.objectives import POLICY_LOSSES, LossTotals
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, GroupArm, LearnerConfig, group_split_problem
-from learner.runtime.distributed import (
-    SINGLE,
-    DistContext,
-    all_reduce_stats,
-    unwrap,
-)
+from learner.runtime.distributed import SINGLE, DistContext, all_reduce_stats, unwrap
 from learner.runtime.forward import policy_logprobs, scoring
+from learner.runtime.minibatch import MinibatchUpdates, RowTensors, StepModels
 from learner.runtime.moe import StepRouting
 from learner.runtime.update import (
     DivergenceError,
     MicroBatch,
     Optimised,
-    accumulate,
+    assemble,
     micro_batches,
     take,
 )
 from learner.vocabulary import LossUnits
 
-__all__ = [  # DivergenceError and Optimised live in learner.runtime.update, re-exported here
+__all__ = [  # DivergenceError, Optimised and StepModels live next door, re-exported here
     "DivergenceError",
-    "MinibatchUpdates",
     "Optimised",
-    "RowTensors",
     "StepModels",
     "StepResult",
     "behavior_gaps",
@@ -72,13 +60,6 @@ __all__ = [  # DivergenceError and Optimised live in learner.runtime.update, re-
     "loss_units",
     "train_on_batch",
 ]
-
-
-@dataclass
-class StepModels:
-    policy: Optimised
-    value: Optimised | None = None
-    reference: nn.Module | None = None
 
 
 @dataclass
@@ -136,16 +117,6 @@ def _group_slices(n_groups: int, group_size: int, minibatches: int) -> list[Tens
     ]
 
 
-def _merge(acc: dict[str, list[float]], stats: dict[str, float], prefix: str) -> None:
-    for key, value in stats.items():
-        acc.setdefault(f"{prefix}{key}", []).append(value)
-
-
-def _reduce(acc: dict[str, list[float]]) -> dict[str, float]:
-    """Each metric over the step's updates, by its rule in contract.metrics.REDUCTIONS."""
-    return {key: M.combine(key, values) for key, values in acc.items()}
-
-
 @torch.no_grad()
 def behavior_gaps(learner_lp: Tensor, batch: RolloutBatch, version: int) -> dict[str, float]:
     """k3 KL(behaviour || learner at `version`), split into the engine gap and the staleness gap.
@@ -168,38 +139,6 @@ def behavior_gaps(learner_lp: Tensor, batch: RolloutBatch, version: int) -> dict
     return gaps
 
 
-@dataclass(frozen=True)
-class RowTensors:
-    """The step's per-row tensors the updates read, [B] or [B, L]; None where absent."""
-
-    ids: Tensor
-    attn: Tensor
-    mask: Tensor
-    old_lp: Tensor
-    advantages: Tensor
-    is_weights: Tensor | None
-    ref_lp: Tensor | None
-    old_values: Tensor | None
-    returns: Tensor | None
-
-    def of(self, part: MicroBatch) -> RowTensors:
-        """The micro-batch's rows, cut to its width."""
-        cut = {f.name: getattr(self, f.name) for f in fields(self)}
-        return RowTensors(**{k: None if v is None else take(v, part) for k, v in cut.items()})
-
-    def share(self, rows: Tensor) -> RowTensors:
-        """A rank's whole share of a minibatch, at the batch's width."""
-        return self.of(MicroBatch(rows, torch.arange(rows.numel()), None))
-
-
-def _assemble(outputs: list[Tensor], parts: list[MicroBatch], like: Tensor) -> Tensor:
-    """The micro-batches' per-token outputs [b, width] put back in their share's rows [n, L]."""
-    whole = torch.zeros(like.shape, dtype=torch.float32, device=like.device)  # (n, L)
-    for output, part in zip(outputs, parts, strict=True):
-        whole[part.local, : output.shape[1]] = output.float()
-    return whole
-
-
 def _device_of(module: nn.Module) -> torch.device:
     """Where the module computes (a sharded parameter's local shard lives there too)."""
     return next(module.parameters()).device
@@ -212,140 +151,83 @@ def _no_grad_pass(
     parts: list[MicroBatch],
 ) -> tuple[Tensor, ...]:
     """`score(ids, attn)`'s per-token outputs [B, L] over the step batch, computed part by part
-    (`learner.micro_batch_tokens`) and put back in place; one call on the batch itself when
-    there is one part at the batch's width (no budget), exactly as without micro-batches."""
+    (`learner.micro_batch_tokens`) and put back in place (float32); one call on the batch itself
+    when there is one part at the batch's width (no budget), exactly as without micro-batches."""
     if len(parts) == 1 and parts[0].width is None:
         return score(ids, attn)
     outputs = [score(take(ids, part), take(attn, part)) for part in parts]
     return tuple(
-        _assemble([output[k] for output in outputs], parts, attn) for k in range(len(outputs[0]))
+        assemble([output[k].float() for output in outputs], parts, *attn.shape)
+        for k in range(len(outputs[0]))
     )
 
 
 @dataclass(frozen=True)
-class MinibatchUpdates:
-    """The policy and critic updates of one step's minibatches, each in micro-batches.
+class _Scores:
+    """The step batch's no-gradient passes, [B, T] each: pi_old at the step's start (learner
+    log-probs), its entropy, the reference's log-probs and the critic's old values."""
 
-    Stats: with one micro-batch on one process, the loss call's own; otherwise one more call
-    (no gradient) on the share's whole outputs, so they equal the unsplit share's exactly as
-    the loss computes them (a micro-batch's stats describe its rows only).
-    """
+    learner_lp: Tensor
+    entropy: Tensor
+    ref_lp: Tensor | None
+    old_values: Tensor | None
 
-    models: StepModels
-    rows: RowTensors
-    objective: PolicyLoss
-    options: ObjectiveOptions
-    learner: LearnerConfig
-    sampling: SamplingSettings
-    routing: StepRouting
-    dist: DistContext
 
-    def _logprobs(self, module: nn.Module, part: MicroBatch) -> Tensor:
-        ids, attn = take(self.rows.ids, part), take(self.rows.attn, part)
-        with self.routing.replay(part.rows, part.width):  # MoE routing replay (old | rollout)
-            chunk = self.learner.logprob_chunk_tokens
-            return policy_logprobs(module, ids, attn, self.sampling, chunk)[0]  # (b, width)
-
-    def _split(self, parts: list[MicroBatch]) -> bool:
-        return len(parts) > 1 or self.dist.world_size > 1
-
-    def policy(
-        self, share: Tensor, parts: list[MicroBatch], totals: LossTotals
-    ) -> tuple[float, Stats]:
-        """One policy update on this rank's `share` of a minibatch: (grad norm, stats)."""
-        whole = self.rows.share(share) if self._split(parts) else None
-        selected = None if whole is None or len(parts) == 1 else self._selection(whole, parts)
-
-        def part_loss(part: MicroBatch) -> tuple[Tensor, Stats, Tensor]:
-            t = self.rows.of(part)
-            logprobs = self._logprobs(self.models.policy.module, part)
-            picked = None if selected is None else selected[part.local, : part.width]
-            loss, stats = self._policy_loss(logprobs, t, totals=totals, selected=picked)
-            return loss, stats, logprobs.detach()
-
-        grad_clip = self.learner.grad_clip
-        grad_norm, stats, outputs = accumulate(
-            self.models.policy, parts, part_loss, max_norm=grad_clip, dist=self.dist, what="policy"
-        )
-        if whole is not None:
-            with torch.no_grad():
-                logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
-                # `selected`: the tokens the parts trained on (Clip-Cov, KL-Cov)
-                _, stats = self._policy_loss(logprobs, whole, selected=selected)
-                share_loss, _ = self._policy_loss(logprobs, whole, totals=totals, selected=selected)
-            stats["loss"] = self._minibatch_loss(share_loss)
-        return grad_norm, stats
-
-    def _minibatch_loss(self, share_loss: Tensor) -> float:
-        """The logged loss of a data-parallel minibatch: this rank's share of it (its terms over
-        the whole minibatch's totals) x the world size, so that the mean over ranks
-        (`all_reduce_stats`) is the sum of the shares, the minibatch's loss exactly as one
-        process computes it. The other stats are the share's own, averaged over ranks."""
-        return float(share_loss) * self.dist.world_size
-
-    def _policy_loss(
-        self,
-        logprobs: Tensor,
-        rows: RowTensors,
-        *,
-        totals: LossTotals | None = None,
-        selected: Tensor | None = None,
-    ) -> tuple[Tensor, dict[str, float]]:
-        """The arm's objective on `rows` (a micro-batch or the whole share) at `logprobs`."""
-        return self.objective(
-            logprobs,
-            rows.old_lp,
-            rows.advantages,
-            rows.mask,
-            self.options,
-            is_weights=rows.is_weights,
-            ref_logprobs=rows.ref_lp,
-            totals=totals,
-            selected=selected,
-        )
-
-    def _selection(self, whole: RowTensors, parts: list[MicroBatch]) -> Tensor | None:
-        """The loss's token selection over the whole share (Clip-Cov, KL-Cov; None for the
-        others), from one no-grad forward per micro-batch at the weights of the update."""
-        if self.objective.select is None:
-            return None
-        with torch.no_grad():
-            policy = unwrap(self.models.policy.module)
-            outputs = [self._logprobs(policy, part) for part in parts]
-        logprobs = _assemble(outputs, parts, whole.mask)  # (n, L)
-        return self.objective.selection(
-            logprobs, whole.old_lp, whole.advantages, whole.mask, self.options
-        )
-
-    def value(self, share: Tensor, parts: list[MicroBatch], totals: LossTotals) -> Stats:
-        """One critic update on this rank's `share` of a minibatch: its stats."""
-        critic, clip = self.models.value, self.learner.value_clip
-        assert critic is not None
-
-        def part_loss(part: MicroBatch) -> tuple[Tensor, Stats, Tensor]:
-            t = self.rows.of(part)
-            values = critic.module(t.ids, t.attn)  # (b, width)
-            loss, stats = value_loss(
-                values, t.old_values, t.returns, t.mask, clip=clip, totals=totals
+def _score(
+    models: StepModels,
+    batch: RolloutBatch,
+    routing: StepRouting,
+    learner: LearnerConfig,
+    sampling: SamplingSettings,
+) -> _Scores:
+    """The passes without a gradient run in micro-batches of the same budget (every rank the
+    same ones); MoE's pi_old pass stays whole: its routing capture is of one whole forward."""
+    policy, chunk = unwrap(models.policy.module), learner.logprob_chunk_tokens
+    critic = unwrap(models.value.module) if models.value else None
+    ids, attn = batch.input_ids, batch.attention_mask
+    lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
+    rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
+    every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
+    whole = micro_batches(rows, 0, lengths, None) if routing.active else every_row
+    with scoring(policy, models.reference, critic):  # eval mode + no_grad
+        with routing.capture_old():
+            learner_lp, entropy = _no_grad_pass(  # (B, T) each
+                lambda i, a: policy_logprobs(policy, i, a, sampling, chunk), ids, attn, whole
             )
-            return loss, stats, values.detach()
+        ref_lp = old_values = None
+        if (reference := models.reference) is not None:
+            (ref_lp,) = _no_grad_pass(
+                lambda i, a: policy_logprobs(reference, i, a, sampling, chunk)[:1],
+                ids,
+                attn,
+                every_row,
+            )
+        if critic is not None:
+            (old_values,) = _no_grad_pass(lambda i, a: (critic(i, a),), ids, attn, every_row)
+    return _Scores(learner_lp, entropy, ref_lp, old_values)
 
-        _, stats, outputs = accumulate(
-            critic, parts, part_loss, max_norm=self.learner.grad_clip, dist=self.dist, what="value"
-        )
-        if self._split(parts):
-            whole = self.rows.share(share)
-            assert whole.old_values is not None and whole.returns is not None
-            with torch.no_grad():
-                values = _assemble(outputs, parts, whole.mask)  # (n, L)
-                _, stats = value_loss(
-                    values, whole.old_values, whole.returns, whole.mask, clip=clip
-                )
-                share_loss, _ = value_loss(
-                    values, whole.old_values, whole.returns, whole.mask, clip=clip, totals=totals
-                )
-            stats["loss"] = self._minibatch_loss(share_loss)
-        return stats
+
+def _train(
+    updates: MinibatchUpdates, n_groups: int, group_size: int, lengths: Tensor
+) -> tuple[dict[str, list[float]], list[float]]:
+    """Every epoch's minibatch updates: (each metric's values, the policy's gradient norms)."""
+    learner, dist, mask = updates.learner, updates.dist, updates.rows.mask
+    if dist.world_size > 1:
+        check_group_split(n_groups, learner.minibatches, dist.world_size)
+    acc: dict[str, list[float]] = {}
+    grad_norms = []
+    for _epoch in range(learner.ppo_epochs):
+        for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
+            shares = minibatch.reshape(dist.world_size, -1)  # (W, b): each rank's whole groups
+            parts = micro_batches(shares, dist.rank, lengths, learner.micro_batch_tokens)
+            totals = LossTotals.of(mask[minibatch])  # the whole minibatch: every rank's rows
+            grad_norm, metrics = updates.policy(shares[dist.rank], parts, totals)
+            grad_norms.append(grad_norm)
+            if updates.models.value is not None:
+                metrics |= updates.value(shares[dist.rank], parts, totals)
+            for name, value in metrics.items():
+                acc.setdefault(name, []).append(value)
+    return acc, grad_norms
 
 
 _OFFPOLICY_KEYS = {
@@ -373,87 +255,46 @@ def train_on_batch(
 
     pi_old and the weights multiplying each term come from the arm's off-policy correction
     (`ArmBase.correction_for`, `learner.algorithms.corrections`). Every log-prob (pi_old, current
-    policy, reference) and the logged entropy are of the sampling
-    distribution `sampling` (the generators' temperature / top-k / top-p,
-    `learner.runtime.forward`). Passes without a gradient run in eval mode (`scoring`), gradient
-    passes in train mode.
+    policy, reference) and the logged entropy are of the sampling distribution `sampling` (the
+    generators' temperature / top-k / top-p, `learner.runtime.forward`). Passes without a
+    gradient run in eval mode (`scoring`), gradient passes in train mode.
 
     Data-parallel (`dist.world_size > 1`, modules wrapped by `learner.runtime.models.wrap_ddp`):
     every rank holds the whole batch, computes pi_old and advantages on all of it, and trains its
-    share of whole groups of each minibatch; metrics are averaged over ranks. Each rank's share
-    may be trained in micro-batches (`learner.micro_batch_tokens`); every loss divides by the
-    whole minibatch's totals, so ranks and micro-batches add up to the minibatch's gradient.
-    The passes without a gradient (pi_old, reference, old values) run in micro-batches of the
-    same budget over the whole batch (but MoE's pi_old pass, whose routing capture is of one
-    forward). Log-probs are computed in chunks of `learner.logprob_chunk_tokens` positions when
-    set.
+    share of whole groups of each minibatch, in micro-batches (`learner.micro_batch_tokens`);
+    metrics are averaged over ranks. The passes without a gradient run in micro-batches of the
+    same budget (`_score`); log-probs in chunks of `learner.logprob_chunk_tokens` positions.
     """
     policy = unwrap(models.policy.module)  # no-grad passes and MoE hooks skip the DDP wrapper
     batch = batch.to(_device_of(policy))  # collated (and broadcast) on the CPU
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
-    chunk = learner.logprob_chunk_tokens
-    acc: dict[str, list[float]] = {}
     # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
     routing = StepRouting(policy, arm.routing_replay, ids, attn, batch.routed_experts)
-    critic = unwrap(models.value.module) if models.value else None
-    lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
-    # The passes without a gradient run in micro-batches of the same budget (every rank the
-    # same ones). MoE's pi_old pass stays whole: its routing capture is of one whole forward.
-    rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
-    every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
-    whole = micro_batches(rows, 0, lengths, None) if routing.active else every_row
-    with scoring(policy, models.reference, critic):  # eval mode + no_grad
-        with routing.capture_old():
-            learner_lp, entropy = _no_grad_pass(  # (B, T) each
-                lambda i, a: policy_logprobs(policy, i, a, sampling, chunk), ids, attn, whole
-            )
-        ref_lp = None
-        if (reference := models.reference) is not None:
-            (ref_lp,) = _no_grad_pass(
-                lambda i, a: policy_logprobs(reference, i, a, sampling, chunk)[:1],
-                ids,
-                attn,
-                every_row,
-            )
-        old_values = None
-        if critic is not None:
-            (old_values,) = _no_grad_pass(lambda i, a: (critic(i, a),), ids, attn, every_row)
+    scores = _score(models, batch, routing, learner, sampling)
     # The arm's off-policy correction (learner.algorithms.corrections): pi_old and the weights.
     correction = arm.correction_for(learner)
     is_weights, offpolicy = correction_weights(
-        correction, learner_lp, batch.behavior_logprobs, mask
+        correction, scores.learner_lp, batch.behavior_logprobs, mask
     )
-    old_lp = learner_lp if correction.uses_proximal else batch.behavior_logprobs
-    advantages, returns = compute_advantages(arm, batch, group_size, learner, old_values)
-    tensors = RowTensors(
-        ids, attn, mask, old_lp, advantages, is_weights, ref_lp, old_values, returns
+    old_lp = scores.learner_lp if correction.uses_proximal else batch.behavior_logprobs
+    advantages, returns = compute_advantages(arm, batch, group_size, learner, scores.old_values)
+    rows = RowTensors(
+        ids, attn, mask, old_lp, advantages, is_weights, scores.ref_lp, scores.old_values, returns
     )
-    objective, options = POLICY_LOSSES[arm.objective], arm.objective_options(max_len)
+    objective = POLICY_LOSSES[arm.objective]
     updates = MinibatchUpdates(
-        models, tensors, objective, options, learner, sampling, routing, dist
+        models, rows, objective, arm, max_len, learner, sampling, routing, dist
     )
-    result = StepResult()
     n_groups = batch.rewards.shape[0] // group_size
-    if dist.world_size > 1:
-        check_group_split(n_groups, learner.minibatches, dist.world_size)
-    for _epoch in range(learner.ppo_epochs):
-        for minibatch in _group_slices(n_groups, group_size, learner.minibatches):
-            shares = minibatch.reshape(dist.world_size, -1)  # (W, b): each rank's whole groups
-            parts = micro_batches(shares, dist.rank, lengths, learner.micro_batch_tokens)
-            totals = LossTotals.of(mask[minibatch])  # the whole minibatch: every rank's rows
-            grad_norm, stats = updates.policy(shares[dist.rank], parts, totals)
-            result.grad_norms.append(grad_norm)
-            _merge(acc, stats, "policy/")
-            if models.value is not None:
-                _merge(acc, updates.value(shares[dist.rank], parts, totals), "value/")
-    metrics = all_reduce_stats(_reduce(acc), dist)  # the rest is the same on every rank
-    with torch.no_grad():
-        metrics[M.POLICY_ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp_min(1))
+    acc, grad_norms = _train(updates, n_groups, group_size, attn.sum(-1).cpu())
+    metrics = all_reduce_stats({k: M.combine(k, v) for k, v in acc.items()}, dist)
+    with torch.no_grad():  # the rest is the same on every rank
+        entropy = (scores.entropy * mask).sum() / mask.sum().clamp_min(1)
+        metrics[M.POLICY_ENTROPY] = float(entropy)
     metrics |= {_OFFPOLICY_KEYS[key]: value for key, value in offpolicy.items()}
-    metrics |= behavior_gaps(learner_lp, batch, version)
-    metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, result.grad_norms)
+    metrics |= behavior_gaps(scores.learner_lp, batch, version)
+    metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
     with scoring(policy):
         metrics |= routing.metrics(mask)  # moe/* after the updates (MoE only)
-    result.metrics = metrics
-    return result
+    return StepResult(metrics, grad_norms)

@@ -9,9 +9,11 @@ micro-batch and little of the budget is padding. A row longer than the budget is
 of its own: a sequence is never split, since its loss terms (GSPO's sequence ratio, a
 per-sequence mean) need all its tokens in one forward.
 
-The partition changes no result beyond float rounding: every loss divides by the whole
-minibatch's totals (`learner.algorithms.masking.LossTotals`), so micro-batch gradients sum to
-the minibatch's whatever the grouping.
+The partition changes no result beyond float rounding: every part's terms are reduced with the
+whole minibatch's totals (`learner.algorithms.objectives.reduce_loss`, `LossTotals`), so
+micro-batch gradients sum to the minibatch's whatever the grouping. What each part keeps of its
+one loss call (its terms and stats, without a graph) is put back in the share's rows
+(`assemble`) for the minibatch's metrics.
 
 Data parallel: every rank holds the whole batch, so each rank plans every rank's share and
 splits its own until all ranks have as many micro-batches as the one with the most: DDP
@@ -27,12 +29,12 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from learner.algorithms.objectives import Stats
 from learner.runtime.distributed import DistContext, all_reduce_sum
 from learner.runtime.sharding import full_tensor
 
@@ -63,6 +65,35 @@ def take(x: Tensor, part: MicroBatch) -> Tensor:
     """`x`'s rows of the micro-batch, [b] or [b, width] (cut to its width)."""
     x = x[part.rows]
     return x if x.ndim == 1 or part.width is None else x[:, : part.width]
+
+
+Kept = TypeVar("Kept")
+
+
+def assemble(kept: list[Kept], parts: list[MicroBatch], rows: int, width: int) -> Kept:
+    """The parts' outputs put back in their share's rows: each tensor [b, w] of a part goes to
+    its rows (`part.local`) of a zero [rows, width] one, each [b] to a [rows] one; a NamedTuple
+    is assembled field by field, and any other value (None, a name, a number) is the first
+    part's. One part at the share's full width is returned as it is."""
+    if len(parts) == 1 and parts[0].width is None:
+        return kept[0]
+    return _assemble(kept, parts, rows, width)
+
+
+def _assemble(values: list[Any], parts: list[MicroBatch], rows: int, width: int) -> Any:
+    first = values[0]
+    if isinstance(first, tuple) and hasattr(first, "_fields"):  # a NamedTuple
+        fields = [_assemble([v[i] for v in values], parts, rows, width) for i in range(len(first))]
+        return type(first)(*fields)
+    if not isinstance(first, Tensor):
+        return first
+    whole = first.new_zeros((rows,) if first.ndim == 1 else (rows, width))
+    for value, part in zip(values, parts, strict=True):
+        if value.ndim == 1:
+            whole[part.local] = value
+        else:
+            whole[part.local, : value.shape[1]] = value
+    return whole
 
 
 def micro_batches(
@@ -155,42 +186,38 @@ def _local_grads(module: nn.Module, *, keep: bool) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
-PartLoss = Callable[[MicroBatch], tuple[Tensor, Stats, Tensor]]
-"""A micro-batch -> (its loss, its stats, its detached per-token output [b, width])."""
-
-
 def accumulate(
     opt: Optimised,
     parts: list[MicroBatch],
-    part_loss: PartLoss,
+    part_loss: Callable[[MicroBatch], tuple[Tensor, Kept]],
     *,
     max_norm: float,
     dist: DistContext,
     what: str,
-) -> tuple[float, Stats, list[Tensor]]:
+) -> tuple[float, list[Kept]]:
     """One clipped optimizer step on the sum of the micro-batches' gradients; returns the
-    gradient norm, the last part's stats and every part's output.
+    gradient norm and what each part kept (`part_loss`: a part -> its loss and what to keep of
+    it, without a graph).
 
     Each part's loss divides by the whole minibatch's totals, so the sum is the minibatch's
-    gradient; DDP averages over ranks, hence x world_size. Under DDP only the last backward
-    all-reduces (`no_sync` before it), and a non-finite loss on any rank is raised on every
-    rank before that backward (one all-reduce), so no rank is left waiting in it.
+    gradient; DDP averages over ranks, hence the one loss scale, x world_size. Under DDP only
+    the last backward all-reduces (`no_sync` before it), and a non-finite loss on any rank is
+    raised on every rank before that backward (one all-reduce), so no rank is left waiting.
     """
     opt.optimizer.zero_grad(set_to_none=True)
-    outputs: list[Tensor] = []
-    stats: Stats = {}
+    kept: list[Kept] = []
     bad = 0.0
     for k, part in enumerate(parts):
         last = k == len(parts) - 1
         with _local_grads(opt.module, keep=not last):
-            loss, stats, output = part_loss(part)
+            loss, keep = part_loss(part)
             bad += _non_finite(f"{what} loss", loss, dist)
             if last:
                 _raise_on_every_rank(f"{what} loss", bad, dist)
             (loss if dist.world_size == 1 else loss * dist.world_size).backward()
-        outputs.append(output)
+        kept.append(keep)
     grad_norm = full_tensor(torch.nn.utils.clip_grad_norm_(opt.module.parameters(), max_norm))
     check_finite(f"{what} gradient norm", grad_norm)
     opt.optimizer.step()
     opt.scheduler.step()
-    return float(grad_norm), stats, outputs
+    return float(grad_norm), kept

@@ -21,6 +21,8 @@ import pytest
 from analysis import ReportConfig, build_report
 from analysis.synthetic import SyntheticSpec, write_experiment
 
+pytestmark = pytest.mark.e2e  # a real browser (Chromium)
+
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 # Root in a container needs --no-sandbox; the rest keeps a headless run quiet and offline.

@@ -1,4 +1,4 @@
-"""Fixtures of the buffer tests: a checked client and a buffer with short timeouts."""
+"""Fixtures of the buffer tests: a checked client and both sides of a buffer with short timeouts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import redis
 
 from buffer.connection import connect
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
 from tests.buffer.factories import RUN_ID, fast_config
 from tests.conftest import RedisInstance
 
@@ -21,5 +22,12 @@ def client(redis_server: RedisInstance) -> Iterator[redis.Redis]:
 
 
 @pytest.fixture
-def buffer(client: redis.Redis) -> RolloutBuffer:
-    return RolloutBuffer(client, RUN_ID, fast_config())
+def producer(client: redis.Redis) -> RolloutProducer:
+    """A generator's side."""
+    return RolloutProducer(client, RUN_ID, fast_config())
+
+
+@pytest.fixture
+def consumer(client: redis.Redis) -> RolloutConsumer:
+    """The learner's side (creates the consumer group)."""
+    return RolloutConsumer(client, RUN_ID, fast_config())

@@ -17,8 +17,9 @@ import pytest
 import redis
 
 from buffer.connection import RunKeys, connect
+from buffer.consumer import RolloutConsumer
 from buffer.outbox import group_digest
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.producer import RolloutProducer
 from buffer.schema import RolloutGroup, decode_group
 from buffer.telemetry import CONFLICTING_DUPLICATE, DUPLICATE
 from buffer.tickets import TicketDispenser
@@ -48,17 +49,19 @@ def _stream_groups(client: redis.Redis) -> list[RolloutGroup]:
     return [decode_group(f[b"data"], expected_run_id=RUN_ID) for _, f in client.xrange(KEYS.stream)]
 
 
-def test_identical_repush_is_a_counted_duplicate(buffer: RolloutBuffer, client: redis.Redis):
+def test_identical_repush_is_a_counted_duplicate(
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
+):
     first = make_group(0)
-    entry_id = buffer.push(first, batch_index=0)
+    entry_id = producer.push(first, batch_index=0)
     assert entry_id
-    assert buffer.push(_regenerated(first), batch_index=0) == ""  # nothing added
-    assert buffer.push(first, batch_index=0) == ""  # a plain retry
-    assert buffer.depth() == 1
+    assert producer.push(_regenerated(first), batch_index=0) == ""  # nothing added
+    assert producer.push(first, batch_index=0) == ""  # a plain retry
+    assert consumer.depth() == 1
     assert counter(client, DUPLICATE) == 2
     assert dead_letter_count(client) == 0 and client.xlen(KEYS.dead_letter) == 0
     assert client.get(KEYS.digest(first.group_id)).decode() == group_digest(first, 0)
-    [got] = buffer.take_batch(0, 1, consumer="learner", timeout_s=2)
+    [got] = consumer.take_batch(0, 1, consumer="learner", timeout_s=2)
     assert got.entry_id == entry_id and got.group.generator_id == "gen-0"
 
 
@@ -71,13 +74,17 @@ def test_identical_repush_is_a_counted_duplicate(buffer: RolloutBuffer, client: 
     ],
 )
 def test_conflicting_repush_is_dead_lettered_and_the_first_stays(
-    buffer: RolloutBuffer, client: redis.Redis, caplog: pytest.LogCaptureFixture, forge
+    producer: RolloutProducer,
+    consumer: RolloutConsumer,
+    client: redis.Redis,
+    caplog: pytest.LogCaptureFixture,
+    forge,
 ) -> None:
     first = make_group(0)
     forged = forge(first)
-    buffer.push(first, batch_index=0)
+    producer.push(first, batch_index=0)
     with caplog.at_level(logging.WARNING, logger="buffer.outbox"):
-        assert buffer.push(forged, batch_index=0) == ""
+        assert producer.push(forged, batch_index=0) == ""
     first_digest, forged_digest = group_digest(first, 0), group_digest(forged, 0)
     assert first_digest != forged_digest
     [(_, dead)] = client.xrange(KEYS.dead_letter)
@@ -91,27 +98,31 @@ def test_conflicting_repush_is_dead_lettered_and_the_first_stays(
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "s0-b0-p0" in caplog.records[0].getMessage()
     assert _stream_groups(client) == [first]
-    [got] = buffer.take_batch(0, 1, consumer="learner", timeout_s=2)
+    [got] = consumer.take_batch(0, 1, consumer="learner", timeout_s=2)
     assert got.group == first
 
 
-def test_same_contents_under_another_batch_index_conflict(buffer: RolloutBuffer, client) -> None:
-    buffer.push(make_group(0), batch_index=0)
-    buffer.push(make_group(0), batch_index=5)  # the header, not the payload, says batch 5
-    assert counter(client, CONFLICTING_DUPLICATE) == 1 and buffer.depth() == 1
+def test_same_contents_under_another_batch_index_conflict(
+    producer: RolloutProducer, consumer: RolloutConsumer, client
+) -> None:
+    producer.push(make_group(0), batch_index=0)
+    producer.push(make_group(0), batch_index=5)  # the header, not the payload, says batch 5
+    assert counter(client, CONFLICTING_DUPLICATE) == 1 and consumer.depth() == 1
 
 
-def test_repushes_complete_their_tickets(client: redis.Redis, buffer: RolloutBuffer) -> None:
+def test_repushes_complete_their_tickets(
+    client: redis.Redis, producer: RolloutProducer, consumer: RolloutConsumer
+) -> None:
     tickets = TicketDispenser(client, RUN_ID)
     claimed = [tickets.claim("gen-0", limit=3) for _ in range(3)]
     assert claimed == [0, 1, 2]
-    buffer.push(make_group(0), batch_index=0, ticket=0)
-    buffer.push(_regenerated(make_group(0)), batch_index=0, ticket=1)  # identical: duplicate
-    buffer.push(_with_logprob_nudged(make_group(0)), batch_index=0, ticket=2)  # conflicting
+    producer.push(make_group(0), batch_index=0, ticket=0)
+    producer.push(_regenerated(make_group(0)), batch_index=0, ticket=1)  # identical: duplicate
+    producer.push(_with_logprob_nudged(make_group(0)), batch_index=0, ticket=2)  # conflicting
     # Every ticket is done (none reissued to regenerate), and no reservation is left holding room.
     assert tickets.outstanding() == {}
     assert client.zcard(KEYS.reservations) == 0
-    assert buffer.depth() == 1
+    assert consumer.depth() == 1
 
 
 def test_racing_pushes_of_one_id_add_exactly_one(redis_server: RedisInstance) -> None:
@@ -123,7 +134,7 @@ def test_racing_pushes_of_one_id_add_exactly_one(redis_server: RedisInstance) ->
 
     def push(i: int) -> None:
         with connect(redis_server.url) as own:
-            producer = RolloutBuffer(own, RUN_ID, fast_config())
+            producer = RolloutProducer(own, RUN_ID, fast_config())
             start.wait()
             results[i] = producer.push(variants[i], batch_index=0)
 

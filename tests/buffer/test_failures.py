@@ -13,7 +13,9 @@ import pytest
 import redis
 
 from buffer.connection import RunKeys, connect
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
+from buffer.run_control import request_stop
 from buffer.server import EmbeddedRedis
 from buffer.tickets import TicketDispenser, admission_limit
 from buffer.versions import VersionRegistry
@@ -46,27 +48,28 @@ def _report_then_kill(process: subprocess.Popen[str]) -> object:
 def test_killed_consumer_entries_are_claimed_and_trained_once(
     redis_server: RedisInstance, client: redis.Redis
 ) -> None:
-    buffer = RolloutBuffer(client, RUN_ID, fast_config(claim_idle_ms=300))
-    pushed = [buffer.push(make_group(i), batch_index=0) for i in range(4)]
+    consumer = RolloutConsumer(client, RUN_ID, fast_config(claim_idle_ms=300))
+    producer = RolloutProducer(client, RUN_ID, fast_config(claim_idle_ms=300))
+    pushed = [producer.push(make_group(i), batch_index=0) for i in range(4)]
     doomed = _start_worker("take-and-hang", redis_server.url, "4", "doomed")
     assert sorted(_report_then_kill(doomed)) == sorted(pushed)
     assert client.xpending(KEYS.stream, KEYS.consumer_group)["pending"] == 4
 
-    got = buffer.take_batch(0, 4, consumer="survivor", timeout_s=10)  # after claim_idle_ms
+    got = consumer.take_batch(0, 4, consumer="survivor", timeout_s=10)  # after claim_idle_ms
     assert sorted(d.entry_id for d in got) == sorted(pushed)
-    buffer.commit(got)
+    consumer.commit(got)
     trained = {m.decode() for m in client.smembers(KEYS.trained)}
     assert trained == {f"s0-b0-p{i}" for i in range(4)}
 
     # The dead consumer restarted under its name finds nothing left, and copies pushed again by
     # a re-issued ticket are recognised as trained: each group was trained exactly once.
     for i in range(4):
-        buffer.push(make_group(i), batch_index=0)
-    restarted = RolloutBuffer(client, RUN_ID, fast_config(claim_idle_ms=300))
+        producer.push(make_group(i), batch_index=0)
+    restarted = RolloutConsumer(client, RUN_ID, fast_config(claim_idle_ms=300))
     with pytest.raises(TimeoutError):
         restarted.take(1, learner_version=0, max_lag=0, consumer="doomed", timeout_s=0.5)
     assert int(client.hget(KEYS.counters, "duplicate")) == 4
-    assert buffer.depth() == 0
+    assert consumer.depth() == 0
 
 
 def test_crashed_generator_ticket_is_reissued(redis_server: RedisInstance, client) -> None:
@@ -86,13 +89,15 @@ def test_crashed_generator_ticket_is_reissued(redis_server: RedisInstance, clien
 def test_redis_sigkill_with_aof_always_loses_no_pushed_group(tmp_path: Path) -> None:
     config = fast_config(claim_idle_ms=60_000)
     with EmbeddedRedis(tmp_path, appendfsync="always") as server:
-        buffer = RolloutBuffer(connect(server.url), RUN_ID, config)
+        first_client = connect(server.url)
+        consumer = RolloutConsumer(first_client, RUN_ID, config)
+        producer = RolloutProducer(first_client, RUN_ID, config)
         for i in range(12):
-            buffer.push(make_group(i, batch_index=i // 4), batch_index=i // 4)
-        read_before_crash = buffer.take_batch(0, 4, consumer="learner", timeout_s=2)
+            producer.push(make_group(i, batch_index=i // 4), batch_index=i // 4)
+        read_before_crash = consumer.take_batch(0, 4, consumer="learner", timeout_s=2)
         server.kill()  # SIGKILL: no shutdown, no final fsync
         server.restart()
-        revived = RolloutBuffer(connect(server.url), RUN_ID, config)
+        revived = RolloutConsumer(connect(server.url), RUN_ID, config)
         assert revived.depth() == 12
         got = [revived.take_batch(k, 4, consumer="learner", timeout_s=5) for k in range(3)]
         # Batch 0 comes back from the learner's pending list, batches 1-2 as new entries.
@@ -105,7 +110,7 @@ def test_bounded_mode_with_concurrent_producer_processes(
     redis_server: RedisInstance, client: redis.Redis
 ) -> None:
     prompts_per_step, max_lag, steps = 4, 1, 8
-    buffer = RolloutBuffer(client, RUN_ID, fast_config(max_depth=64))
+    consumer = RolloutConsumer(client, RUN_ID, fast_config(max_depth=64))
     tickets = TicketDispenser(client, RUN_ID)
     versions = VersionRegistry(client, RUN_ID)
     versions.publish(0, "weights/v0")
@@ -122,7 +127,7 @@ def test_bounded_mode_with_concurrent_producer_processes(
     dropped = 0
     try:
         for step in range(steps):
-            result = buffer.take(
+            result = consumer.take(
                 prompts_per_step, learner_version=step, max_lag=max_lag, consumer="learner",
                 timeout_s=60,
             )  # fmt: skip
@@ -131,10 +136,10 @@ def test_bounded_mode_with_concurrent_producer_processes(
             assert tickets.issued() <= admission_limit(step, max_lag, prompts_per_step)
             consumed += [d.group.group_id for d in result.deliveries]
             dropped += result.dropped_stale
-            buffer.commit(result.deliveries)
+            consumer.commit(result.deliveries)
             versions.publish(step + 1, f"weights/v{step + 1}")
     finally:
-        tickets.request_stop()
+        request_stop(client, RUN_ID)
         for process in producers:
             process.join(timeout=30)
             if process.is_alive():
@@ -144,5 +149,5 @@ def test_bounded_mode_with_concurrent_producer_processes(
     issued = tickets.issued()
     assert issued <= admission_limit(steps, max_lag, prompts_per_step)
     # Every started group is accounted for: trained, dropped as stale, waiting, or unfinished.
-    assert issued == len(consumed) + dropped + buffer.depth() + len(tickets.outstanding())
+    assert issued == len(consumed) + dropped + consumer.depth() + len(tickets.outstanding())
     assert dropped_stale_count(client) == dropped

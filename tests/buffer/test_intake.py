@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from buffer.connection import RunKeys
-from buffer.rollout_buffer import RolloutBuffer, SlotRefusedError
+from buffer.consumer import RolloutConsumer, SlotRefusedError
+from buffer.producer import RolloutProducer
 from buffer.schema import RolloutGroup, make_group_id
 from buffer.streams import Delivery
 from buffer.telemetry import DUPLICATE
@@ -144,7 +145,7 @@ FORGERIES = [
 
 @pytest.mark.parametrize(("forge", "why"), FORGERIES)
 def test_a_refused_copy_read_first_never_displaces_the_real_group(
-    buffer: RolloutBuffer, client: redis.Redis, forge, why: str
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis, forge, why: str
 ) -> None:
     """A copy of s0-b1-p2 under the real id, added ahead of it without the outbox's claim (so
     the id stays free): refused with its reason, and the real group, read after it, fills the
@@ -152,10 +153,10 @@ def test_a_refused_copy_read_first_never_displaces_the_real_group(
     real = {p: make_group(p, batch_index=1) for p in (2, 3)}
     xadd_unchecked(client, forge(real[2]), batch_index=1)
     for group in real.values():
-        buffer.push(group, batch_index=1)
+        producer.push(group, batch_index=1)
     rules = _rules(prompt_ids=PROMPTS.__getitem__)
     check = intake_check(rules, learner_version=0)
-    got = buffer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
     assert [d.group for d in got] == [real[2], real[3]]
     [reason] = _dead_letter_reasons(client)
     assert reason.startswith("group 's0-b1-p2' (batch 1): ") and why in reason
@@ -164,18 +165,18 @@ def test_a_refused_copy_read_first_never_displaces_the_real_group(
 
 
 def test_a_group_with_another_id_never_displaces_the_real_one(
-    buffer: RolloutBuffer, client: redis.Redis
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
 ) -> None:
     """A group claiming batch 1 with a future version, under an id of its own, arrives first and
     is dead-lettered; the real groups of batch 1 are the ones returned."""
     forged = dataclasses.replace(
         make_group(2, batch_index=1, policy_version=999), group_id="s0-b1-p2-forged"
     )
-    buffer.push(forged, batch_index=1)
+    producer.push(forged, batch_index=1)
     for prompt in (2, 3):
-        buffer.push(make_group(prompt, batch_index=1, policy_version=0), batch_index=1)
+        producer.push(make_group(prompt, batch_index=1, policy_version=0), batch_index=1)
     check = intake_check(_rules(), learner_version=0)
-    got = buffer.take_batch(1, PER_STEP, "learner", timeout_s=2, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=2, accept=check, slots=SLOTS)
     assert [d.group.group_id for d in got] == [make_group_id(0, 1, 2), make_group_id(0, 1, 3)]
     assert all(d.group.policy_version == 0 for d in got)
     assert dead_letter_count(client) == 1
@@ -184,24 +185,24 @@ def test_a_group_with_another_id_never_displaces_the_real_one(
 
 
 def test_a_refused_admitted_copy_ends_the_take_of_its_batch_at_once(
-    buffer: RolloutBuffer, client: redis.Redis
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
 ) -> None:
     """s0-b1-p3 was pushed through the buffer as a 1-sample group (as a generator that made it
     would, or a forger who pushed first): the buffer admits no other copy of that id, so batch 1
     can never be complete. Batch 0 is still taken; the take of batch 1 raises at once, and again
     when retried, instead of waiting out its timeout."""
     for prompt in (0, 1):
-        buffer.push(make_group(prompt, batch_index=0), batch_index=0)
-    buffer.push(make_group(2, batch_index=1), batch_index=1)
-    buffer.push(_samples(make_group(3, batch_index=1), 1), batch_index=1)
-    assert buffer.push(make_group(3, batch_index=1), batch_index=1) == ""  # a conflict now
+        producer.push(make_group(prompt, batch_index=0), batch_index=0)
+    producer.push(make_group(2, batch_index=1), batch_index=1)
+    producer.push(_samples(make_group(3, batch_index=1), 1), batch_index=1)
+    assert producer.push(make_group(3, batch_index=1), batch_index=1) == ""  # a conflict now
     check = intake_check(_rules(), learner_version=0)
-    got = buffer.take_batch(0, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(0, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
     assert [d.group.group_id for d in got] == ["s0-b0-p0", "s0-b0-p1"]
     started = time.monotonic()
     for _ in range(2):
         with pytest.raises(SlotRefusedError) as refused:
-            buffer.take_batch(1, PER_STEP, "learner", timeout_s=60, accept=check, slots=SLOTS)
+            consumer.take_batch(1, PER_STEP, "learner", timeout_s=60, accept=check, slots=SLOTS)
         assert refused.value.group_id == "s0-b1-p3"
         message = str(refused.value)
         assert message.startswith("group 's0-b1-p3' (batch 1): 1 samples, but generation.")
@@ -214,7 +215,7 @@ def test_a_refused_admitted_copy_ends_the_take_of_its_batch_at_once(
 
 
 def test_a_well_formed_forgery_read_first_fills_the_slot(
-    buffer: RolloutBuffer, client: redis.Redis
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
 ) -> None:
     """What the checks cannot do: a copy with the real id, version and prompt and plausible
     values is indistinguishable from the real group. The first one read fills the slot; the
@@ -222,21 +223,21 @@ def test_a_well_formed_forgery_read_first_fills_the_slot(
     real = make_group(2, batch_index=1)
     forged = dataclasses.replace(real, rewards=[1.0, 1.0])
     xadd_unchecked(client, forged, batch_index=1)
-    buffer.push(real, batch_index=1)
-    buffer.push(make_group(3, batch_index=1), batch_index=1)
+    producer.push(real, batch_index=1)
+    producer.push(make_group(3, batch_index=1), batch_index=1)
     check = intake_check(_rules(), learner_version=0)
-    got = buffer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
     assert got[0].group == forged
     assert counter(client, DUPLICATE) == 1 and dead_letter_count(client) == 0
 
 
 def test_bounded_take_refuses_a_group_newer_than_the_learner(
-    buffer: RolloutBuffer, client: redis.Redis
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
 ) -> None:
-    buffer.push(make_group(0, batch_index=0, policy_version=3), batch_index=0)
-    buffer.push(make_group(1, batch_index=0, policy_version=0), batch_index=0)
+    producer.push(make_group(0, batch_index=0, policy_version=3), batch_index=0)
+    producer.push(make_group(1, batch_index=0, policy_version=0), batch_index=0)
     check = intake_check(_rules(mode="bounded"), learner_version=0)
-    taken = buffer.take(1, 0, 1, "learner", timeout_s=5, accept=check)
+    taken = consumer.take(1, 0, 1, "learner", timeout_s=5, accept=check)
     assert [d.group.group_id for d in taken.deliveries] == ["s0-b0-p1"]
     [reason] = _dead_letter_reasons(client)
     assert "policy_version 3 is newer than the learner's version 0" in reason
@@ -250,15 +251,15 @@ def test_reward_range_must_be_finite_and_increasing(bad: tuple[float, float]) ->
 
 
 def test_rejected_groups_go_to_the_dead_letter_with_their_payload(
-    buffer: RolloutBuffer, client: redis.Redis
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
 ) -> None:
     for prompt in (0, 1):
-        buffer.push(make_group(prompt), batch_index=0)
-    taken = buffer.take_batch(0, 2, consumer="learner", timeout_s=2)
-    buffer.reject(taken[:1], "token id 5000 is outside the model's vocabulary", "learner")
+        producer.push(make_group(prompt), batch_index=0)
+    taken = consumer.take_batch(0, 2, consumer="learner", timeout_s=2)
+    consumer.reject(taken[:1], "token id 5000 is outside the model's vocabulary", "learner")
     assert dead_letter_count(client) == 1
     [(_, fields)] = client.xrange(KEYS.dead_letter)
     assert b"vocabulary" in fields[b"reason"] and fields[b"payload_bytes"] != b"0"
-    assert buffer.depth() == 1  # the rejected entry is acked and deleted, the other pending
-    buffer.commit(taken[1:])
-    assert buffer.depth() == 0
+    assert consumer.depth() == 1  # the rejected entry is acked and deleted, the other pending
+    consumer.commit(taken[1:])
+    assert consumer.depth() == 0

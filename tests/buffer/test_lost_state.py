@@ -2,7 +2,8 @@
 
 Real redis-servers (EmbeddedRedis, so a restart keeps its port and password). "Restarts empty" is
 a SIGKILL and a restart with AOF off: everything of the run is gone, the consumer group included,
-and a generator starting meanwhile would recreate the group and wait for v0 forever.
+and a generator starting meanwhile would wait for v0 forever. (Generators used to recreate the
+group too; only the learner's consumer creates it now, and the learner fails either way.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from buffer.connection import (
     connect,
     redis_failures_in_one_line,
 )
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
 from buffer.server import EmbeddedRedis
 from buffer.versions import RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
@@ -85,14 +87,14 @@ def test_learner_blocked_on_the_stream_fails_when_redis_restarts_empty(
     The learner reads in a thread: the server is restarted from this (main) thread because its
     PR_SET_PDEATHSIG fires when the *thread* that started it exits."""
     client, versions = _component(server.url)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    consumer = RolloutConsumer(client, RUN_ID, fast_config())
     versions.publish(0, "/w/0")
-    buffer.push(make_group(0), batch_index=0)
+    RolloutProducer(client, RUN_ID, fast_config()).push(make_group(0), batch_index=0)
     raised: list[BaseException] = []
 
     def learner() -> None:
         try:
-            buffer.take_batch(0, 2, consumer="learner", timeout_s=60)  # 1 of 2 groups: blocks
+            consumer.take_batch(0, 2, consumer="learner", timeout_s=60)  # 1 of 2 groups: blocks
         except BaseException as exc:  # handed to the test thread
             raised.append(exc)
 
@@ -101,8 +103,8 @@ def test_learner_blocked_on_the_stream_fails_when_redis_restarts_empty(
     time.sleep(0.5)  # the learner is blocked in XREADGROUP by now
     started = time.monotonic()
     _restart_empty(server)
-    with connect(server.url) as generator_client:
-        RolloutBuffer(generator_client, RUN_ID, fast_config())  # XGROUP CREATE ... MKSTREAM
+    with connect(server.url) as other_client:  # a generator no longer does this, but even so:
+        RolloutConsumer(other_client, RUN_ID, fast_config())  # XGROUP CREATE ... MKSTREAM
     reader.join(timeout=60)
     assert not reader.is_alive()
     assert time.monotonic() - started < PROMPT_S
@@ -150,13 +152,13 @@ def test_restart_with_aof_is_ridden_out(tmp_path: Path) -> None:
     """With AOF the state survives a restart: the reconnect retries hide it and nothing fails."""
     with EmbeddedRedis(tmp_path / "redis", appendfsync="always") as server:
         client, versions = _component(server.url)
-        buffer = RolloutBuffer(client, RUN_ID, fast_config())
+        consumer = RolloutConsumer(client, RUN_ID, fast_config())
         versions.publish(0, "/w/0")
-        buffer.push(make_group(0), batch_index=0)
+        RolloutProducer(client, RUN_ID, fast_config()).push(make_group(0), batch_index=0)
         server.kill()
         server.restart()
         assert versions.current() == (0, "/w/0")
-        assert [d.group.group_id for d in buffer.take_batch(0, 1, "learner", 5)] == ["s0-b0-p0"]
+        assert [d.group.group_id for d in consumer.take_batch(0, 1, "learner", 5)] == ["s0-b0-p0"]
 
 
 def test_dead_redis_is_reported_in_one_line_after_the_retries(server: EmbeddedRedis) -> None:

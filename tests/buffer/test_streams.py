@@ -8,4 +8,4 @@ from buffer import streams
 def test_facade_exports_resolve() -> None:
     for name in streams.__all__:
         assert getattr(streams, name) is not None, name
-    assert streams.RolloutBuffer.push.__doc__ and streams.RolloutBuffer.take_batch.__doc__
+    assert streams.RolloutProducer.push.__doc__ and streams.RolloutConsumer.take_batch.__doc__

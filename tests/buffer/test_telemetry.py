@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import redis
 
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
 from buffer.telemetry import Telemetry
 from contract import metrics as m
 from tests.buffer.factories import RUN_ID, make_group
@@ -27,14 +28,16 @@ def test_generators_report_and_learner_reads_all(client: redis.Redis) -> None:
     }  # fmt: skip
 
 
-def test_buffer_metrics(client: redis.Redis, buffer: RolloutBuffer) -> None:
+def test_buffer_metrics(
+    client: redis.Redis, producer: RolloutProducer, consumer: RolloutConsumer
+) -> None:
     telemetry = Telemetry(client, RUN_ID)
     assert telemetry.buffer_metrics() == {
         m.BUFFER_DEPTH: 0.0, m.BUFFER_DROPPED_STALE: 0.0, m.BUFFER_DEAD_LETTER: 0.0,
     }  # fmt: skip
-    buffer.push(make_group(0, policy_version=0), batch_index=0)
-    buffer.push(make_group(1, policy_version=5), batch_index=0)
-    buffer.take(1, learner_version=5, max_lag=1, consumer="learner", timeout_s=2)
+    producer.push(make_group(0, policy_version=0), batch_index=0)
+    producer.push(make_group(1, policy_version=5), batch_index=0)
+    consumer.take(1, learner_version=5, max_lag=1, consumer="learner", timeout_s=2)
     metrics = telemetry.buffer_metrics()
     assert metrics[m.BUFFER_DEPTH] == 1.0  # the taken, unacked group
     assert metrics[m.BUFFER_DROPPED_STALE] == 1.0  # lag 5 > 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import redis
 
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.producer import RolloutProducer
 from buffer.tickets import DEFAULT_LEASE_S, TicketDispenser
 from tests.buffer.factories import RUN_ID, fast_config, make_group
 
@@ -25,9 +25,9 @@ def test_release_owned_frees_only_that_generators_leases(client: redis.Redis) ->
 
 def test_release_owned_skips_completed_tickets(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    producer = RolloutProducer(client, RUN_ID, fast_config())
     assert [tickets.claim("gen-0", limit=8) for _ in range(2)] == [0, 1]
-    buffer.push(make_group(0), batch_index=0, ticket=0)  # completes ticket 0
+    producer.push(make_group(0), batch_index=0, ticket=0)  # completes ticket 0
     assert tickets.release_owned("gen-0") == 1  # only ticket 1 was outstanding
     assert tickets.release_owned("nobody") == 0
     assert tickets.claim("gen-0", limit=8) == 1
@@ -36,11 +36,11 @@ def test_release_owned_skips_completed_tickets(client: redis.Redis) -> None:
 
 def test_completed_counts_pushed_tickets_and_never_decreases(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    producer = RolloutProducer(client, RUN_ID, fast_config())
     assert tickets.completed() == 0
     assert [tickets.claim("g", limit=8) for _ in range(3)] == [0, 1, 2]
     assert tickets.completed() == 0  # 3 issued, 3 outstanding
-    buffer.push(make_group(1), batch_index=0, ticket=1)
+    producer.push(make_group(1), batch_index=0, ticket=1)
     assert tickets.completed() == 1  # 3 issued - 2 outstanding
     tickets.release_owned("g")
     assert tickets.claim("g", limit=8) == 0  # a re-issue: still 1 completed

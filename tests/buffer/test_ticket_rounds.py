@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 import redis
 
+from buffer.consumer import RolloutConsumer
 from buffer.inbox import Delivery
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.producer import RolloutProducer
 from buffer.schema import make_group_id
 from buffer.tickets import (
     MAX_EXTRA_ROUNDS,
@@ -98,45 +99,46 @@ def test_all_done_waits_for_requested_rounds_and_completed_counts_them(
     client: redis.Redis,
 ) -> None:
     tickets = TicketDispenser(client, RUN_ID)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    producer = RolloutProducer(client, RUN_ID, fast_config())
     for _ in range(P):
         t = tickets.claim("g", limit=P)
-        buffer.push(make_group(t), batch_index=0, ticket=t)
+        producer.push(make_group(t), batch_index=0, ticket=t)
     assert tickets.all_done(P) and tickets.completed() == P
     tickets.request_round(0, 1, P)
     assert not tickets.all_done(P)  # a requested round is work left
     for t in round_tickets(0, 1, P):
         assert tickets.claim("g", limit=P) == t
-        buffer.push(_group_of(t, 0), batch_index=draw_key(0, 1), ticket=t)
+        producer.push(_group_of(t, 0), batch_index=draw_key(0, 1), ticket=t)
     assert tickets.all_done(P) and tickets.completed() == 2 * P
 
 
-def _push_draw(buffer: RolloutBuffer, batch: int, round_index: int) -> None:
+def _push_draw(producer: RolloutProducer, batch: int, round_index: int) -> None:
     for t in round_tickets(batch, round_index, 2):
-        buffer.push(_group_of(t, batch), batch_index=draw_key(batch, round_index))
+        producer.push(_group_of(t, batch), batch_index=draw_key(batch, round_index))
 
 
 def test_a_round_is_taken_as_its_own_draw_and_never_made_late_by_its_batch(
     client: redis.Redis,
 ) -> None:
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
-    _push_draw(buffer, 0, 1)  # the extra round arrives first (stashed under its draw key)
-    _push_draw(buffer, 0, 0)
-    _push_draw(buffer, 1, 1)  # a round of a later batch waits too
-    batch0 = buffer.take_batch(0, 2, "learner", 5)
+    producer = RolloutProducer(client, RUN_ID, fast_config())
+    consumer = RolloutConsumer(client, RUN_ID, fast_config())
+    _push_draw(producer, 0, 1)  # the extra round arrives first (stashed under its draw key)
+    _push_draw(producer, 0, 0)
+    _push_draw(producer, 1, 1)  # a round of a later batch waits too
+    batch0 = consumer.take_batch(0, 2, "learner", 5)
     assert [d.group.prompt_index for d in batch0] == [0, 1]
-    round1 = buffer.take_batch(draw_key(0, 1), 2, "learner", 5)  # not dropped as late
+    round1 = consumer.take_batch(draw_key(0, 1), 2, "learner", 5)  # not dropped as late
     assert [d.group.prompt_index for d in round1] == round_tickets(0, 1, 2)
-    _push_draw(buffer, 1, 0)
-    assert [d.group.prompt_index for d in buffer.take_batch(1, 2, "learner", 5)] == [2, 3]
-    later = buffer.take_batch(draw_key(1, 1), 2, "learner", 5)
+    _push_draw(producer, 1, 0)
+    assert [d.group.prompt_index for d in consumer.take_batch(1, 2, "learner", 5)] == [2, 3]
+    later = consumer.take_batch(draw_key(1, 1), 2, "learner", 5)
     assert [d.group.prompt_index for d in later] == round_tickets(1, 1, 2)
     # a round of batch 0 arriving after the learner moved to batch 1 is late: dropped
-    _push_draw(buffer, 0, 2)
-    _push_draw(buffer, 2, 0)
-    buffer.take_batch(2, 2, "learner", 5)
+    _push_draw(producer, 0, 2)
+    _push_draw(producer, 2, 0)
+    consumer.take_batch(2, 2, "learner", 5)
     with pytest.raises(TimeoutError, match="has 0 of 2 groups"):
-        buffer.take_batch(draw_key(0, 2), 2, "learner", 0.3)
+        consumer.take_batch(draw_key(0, 2), 2, "learner", 0.3)
 
 
 def _rules(extra_rounds: int) -> IntakeRules:

@@ -8,7 +8,9 @@ import time
 import pytest
 import redis
 
-from buffer.rollout_buffer import BufferFullError, RolloutBuffer
+from buffer.outbox import BufferFullError
+from buffer.producer import RolloutProducer
+from buffer.run_control import clear_stop, request_stop, stop_requested
 from buffer.tickets import TicketDispenser, admission_limit, fixed_policy_version, ticket_batch
 from tests.buffer.factories import RUN_ID, fast_config, make_group
 
@@ -51,13 +53,13 @@ def test_concurrent_claims_never_share_a_ticket(client: redis.Redis, redis_serve
 
 def test_expired_lease_is_reissued_lowest_first(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID, lease_s=0.5)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    producer = RolloutProducer(client, RUN_ID, fast_config())
     assert [tickets.claim("crashy", limit=8) for _ in range(3)] == [0, 1, 2]
     assert tickets.claim("steady", limit=8) == 3
-    buffer.push(make_group(3), batch_index=0, ticket=3)  # completes ticket 3 with the push
+    producer.push(make_group(3), batch_index=0, ticket=3)  # completes ticket 3 with the push
     assert 3 not in tickets.outstanding()
     assert tickets.claim("steady", limit=8) == 4  # crashy's leases are still valid
-    buffer.push(make_group(4), batch_index=1, ticket=4)
+    producer.push(make_group(4), batch_index=1, ticket=4)
     time.sleep(0.6)  # "crashy" died: its leases expire
     assert [tickets.claim("steady", limit=8) for _ in range(3)] == [0, 1, 2]
     assert tickets.claim("steady", limit=8) == 5
@@ -77,7 +79,7 @@ def test_reissue_respects_the_limit(client: redis.Redis) -> None:
 
 def test_push_renews_its_lease_while_blocked(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID, lease_s=0.2)
-    full = RolloutBuffer(client, RUN_ID, fast_config(max_depth=1, push_timeout_s=0.8))
+    full = RolloutProducer(client, RUN_ID, fast_config(max_depth=1, push_timeout_s=0.8))
     full.push(make_group(9), batch_index=0)  # the buffer is now full
     ticket = tickets.claim("gen-0", limit=8)  # the id the group carries as its producer
     with pytest.raises(BufferFullError):
@@ -101,12 +103,12 @@ def test_explicit_renew_and_complete(client: redis.Redis) -> None:
 
 def test_stop_flag(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID)
-    assert not tickets.stop_requested()
-    tickets.request_stop()
-    assert tickets.stop_requested()
+    assert not stop_requested(client, RUN_ID)
+    request_stop(client, RUN_ID)
+    assert stop_requested(client, RUN_ID)
     assert tickets.claim("g", limit=10) is None
-    tickets.clear_stop()  # a resumed trial withdraws the previous teardown's stop
-    assert not tickets.stop_requested()
+    clear_stop(client, RUN_ID)  # a resumed trial withdraws the previous teardown's stop
+    assert not stop_requested(client, RUN_ID)
     assert tickets.claim("g", limit=10) == 0
 
 
@@ -121,10 +123,10 @@ def test_release_and_expire_all_hand_tickets_back(client: redis.Redis) -> None:
 
 def test_all_done_needs_every_ticket_issued_and_finished(client: redis.Redis) -> None:
     tickets = TicketDispenser(client, RUN_ID)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config())
+    producer = RolloutProducer(client, RUN_ID, fast_config())
     assert not tickets.all_done(2)
     first, second = tickets.claim("gen-0", limit=2), tickets.claim("gen-0", limit=2)
-    buffer.push(make_group(first), batch_index=0, ticket=first)
+    producer.push(make_group(first), batch_index=0, ticket=first)
     assert not tickets.all_done(2)  # ticket 1 is still being generated
-    buffer.push(make_group(second), batch_index=0, ticket=second)
+    producer.push(make_group(second), batch_index=0, ticket=second)
     assert tickets.all_done(2)

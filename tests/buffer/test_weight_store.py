@@ -59,14 +59,14 @@ def test_no_partial_directory_is_ever_visible(
     store = WeightStore(tmp_path)
     final = tmp_path / "v000003"
     seen_before_rename = []
-    real_fsync_dir = ws._fsync_dir
+    real_fsync_dir = ws.fsync_dir
 
     def spy(path: Path) -> None:
         if path.name.startswith(".tmp-"):  # the staging dir is complete, not yet renamed
             seen_before_rename.append((final.exists(), store.latest()))
         real_fsync_dir(path)
 
-    monkeypatch.setattr(ws, "_fsync_dir", spy)
+    monkeypatch.setattr(ws, "fsync_dir", spy)
     store.write(3, tensors(3.0))
     assert seen_before_rename == [(False, None)]
     assert final.is_dir()

@@ -12,7 +12,8 @@ import sys
 import time
 
 from buffer.connection import connect
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
 from buffer.tickets import TicketDispenser, admission_limit, ticket_batch
 from buffer.versions import VersionRegistry
 from tests.buffer.factories import RUN_ID, fast_config, make_group
@@ -20,7 +21,7 @@ from tests.buffer.factories import RUN_ID, fast_config, make_group
 
 def take_and_hang(url: str, n_groups: int, consumer: str) -> None:
     """Take batch 0, report the entry ids on stdout, then hang before acking (to be SIGKILLed)."""
-    buffer = RolloutBuffer(connect(url), RUN_ID, fast_config())
+    buffer = RolloutConsumer(connect(url), RUN_ID, fast_config())
     deliveries = buffer.take_batch(0, n_groups, consumer=consumer, timeout_s=10)
     print(json.dumps([d.entry_id for d in deliveries]), flush=True)
     time.sleep(600)
@@ -36,11 +37,11 @@ def claim_and_hang(url: str, generator_id: str, lease_s: float) -> None:
 def produce_bounded(url: str, generator_id: str, prompts_per_step: int, max_lag: int) -> None:
     """A free-running generator: admission-limited claims, latest weights, push with ticket."""
     client = connect(url)
-    buffer = RolloutBuffer(client, RUN_ID, fast_config(max_depth=64, push_timeout_s=30))
+    producer = RolloutProducer(client, RUN_ID, fast_config(max_depth=64, push_timeout_s=30))
     tickets = TicketDispenser(client, RUN_ID)
     versions = VersionRegistry(client, RUN_ID)
     rng = random.Random(generator_id)
-    while not tickets.stop_requested():
+    while not producer.stop_requested():
         version, _location = versions.current()
         ticket = tickets.claim(generator_id, admission_limit(version, max_lag, prompts_per_step))
         if ticket is None:
@@ -49,7 +50,7 @@ def produce_bounded(url: str, generator_id: str, prompts_per_step: int, max_lag:
         time.sleep(rng.uniform(0.0, 0.03))  # "generation"
         batch = ticket_batch(ticket, prompts_per_step)
         group = make_group(ticket, batch, policy_version=version, generator_id=generator_id)
-        buffer.push(group, batch, ticket=ticket)
+        producer.push(group, batch, ticket=ticket)
     client.close()
 
 

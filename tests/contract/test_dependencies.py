@@ -169,3 +169,56 @@ def test_learner_math_imports_neither_config_nor_runtime() -> None:
     assert offenders == {}
     vocabulary = _imports_of(REPO / "learner" / "vocabulary.py")
     assert {name for name in vocabulary if name.split(".")[0] in PACKAGES} == set()
+
+
+# harness's rooms, top to bottom. A module imports its own room and rooms of later layers only,
+# never a room of its own layer or above: the experiment plans trials and the executors start
+# them, both over `launch` (what a trial is to a launcher, the subprocess pool, child
+# processes), so no arrow points from executors back up to experiment or trial. A room is a
+# subpackage, or a top-level module (`config*.py` together are `config`, `cli*.py` are `cli`).
+HARNESS_LAYERS = [
+    ("cli",),
+    ("experiment", "trial"),
+    ("evaluation", "planning"),
+    ("executors", "generators"),
+    ("storage", "models"),
+    ("launch", "tasks"),
+    ("config", "file_lock", "provenance", "signals"),
+    ("overrides", "seeds"),
+]
+
+
+def harness_room(module: str) -> str:
+    """`harness.executors.ray` -> `executors`; `harness.config_tuning` -> `config`."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "harness"
+    return next((room for room in ("config", "cli") if parts[1].startswith(room)), parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list[tuple[str, ...]]) -> list[str]:
+    """`a -> b` for every import of a module in a room not below the importer's."""
+    depth = {room: i for i, layer in enumerate(layers) for room in layer}
+    bad = []
+    for module, targets in sorted(graph.items()):
+        source = harness_room(module)
+        for target in sorted(targets):
+            room = harness_room(target)
+            if room not in {source, "harness"} and depth[room] <= depth[source]:
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def test_harness_rooms_point_down() -> None:
+    graph = module_graph(REPO, "harness")
+    assert {"harness.launch.trials", "harness.executors.base"} <= set(graph)
+    rooms = {harness_room(m) for m in graph} - {"harness"}
+    placed = {room for layer in HARNESS_LAYERS for room in layer}
+    assert rooms == placed  # a new room is placed in HARNESS_LAYERS
+    assert upward_imports(graph, HARNESS_LAYERS) == []
+
+
+def test_an_upward_import_is_named() -> None:
+    graph = {"harness.executors.base": {"harness.experiment.grid", "harness.launch.trials"}}
+    layers = [("experiment",), ("executors",), ("launch",)]
+    assert upward_imports(graph, layers) == ["harness.executors.base -> harness.experiment.grid"]

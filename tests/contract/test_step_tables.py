@@ -3,6 +3,7 @@ damaged parts reported (read_parts) or refused (read_table)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -85,16 +86,22 @@ def test_types_are_promoted_across_parts(tmp_path: Path) -> None:
     assert table["x"].to_pylist() == [1.0, 0.5]
 
 
+def assert_steps_0_1_read_and_reported(root: Path, damaged: str) -> None:
+    """The tolerant reader keeps the good part (steps 0, 1) and names the one `damaged` part;
+    the strict reader refuses the table, naming that part."""
+    found = step_tables.read_parts(root)
+    assert found.table is not None and found.table["step"].to_pylist() == [0, 1]
+    assert len(found.problems) == 1
+    assert found.problems[0].startswith(f"unreadable {root.name} part {damaged}: ")
+    with pytest.raises(DamagedPartError, match=re.escape(damaged)):
+        step_tables.read_table(root)
+
+
 def test_part_without_a_footer_is_reported_and_the_rest_read(tmp_path: Path) -> None:
     root = tmp_path / "metrics.parquet"
     step_tables.write_part(root, 0, pa.table({"step": [0, 1], "a": [0.1, 0.2]}))
     (root / "part-000001.parquet").write_bytes(b"half-written")
-    found = step_tables.read_parts(root)
-    assert found.table is not None and found.table["step"].to_pylist() == [0, 1]
-    assert len(found.problems) == 1
-    assert found.problems[0].startswith("unreadable metrics.parquet part part-000001.parquet: ")
-    with pytest.raises(DamagedPartError, match=r"part-000001\.parquet"):
-        step_tables.read_table(root)
+    assert_steps_0_1_read_and_reported(root, "part-000001.parquet")
 
 
 def test_part_corrupt_past_its_footer_is_reported_and_the_rest_read(tmp_path: Path) -> None:
@@ -105,12 +112,7 @@ def test_part_corrupt_past_its_footer_is_reported_and_the_rest_read(tmp_path: Pa
     data[4:40] = b"\xff" * 36  # the first page header (after the 4-byte magic); footer intact
     damaged.write_bytes(bytes(data))
     assert pq.read_schema(damaged).names == ["step", "a"]  # the footer still reads
-    found = step_tables.read_parts(root)
-    assert found.table is not None and found.table["step"].to_pylist() == [0, 1]
-    assert len(found.problems) == 1
-    assert found.problems[0].startswith("unreadable evals.parquet part part-000002.parquet: ")
-    with pytest.raises(DamagedPartError, match=r"part-000002\.parquet"):
-        step_tables.read_table(root)
+    assert_steps_0_1_read_and_reported(root, "part-000002.parquet")
 
 
 def test_all_parts_damaged_reads_no_table_and_reports_each(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 executor: real trials, real Redis; the bucket alone must be enough to pick a run up elsewhere.
 
 The Ray executor, where every component keeps its own working copy, is tested on a two-node
-cluster in test_ray_executor.py.
+cluster in test_ray_executor.py. The plain-path reference is the session's shared
+`gspo_two_seeds` experiment (tests/harness/conftest.py), whose seed-0 trial is this one.
 """
 
 from __future__ import annotations
@@ -21,9 +22,10 @@ from harness.experiment.run import run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
+from tests.harness.shared_trials import GSPO_TWO_SEEDS
 from tests.harness.trial_helpers import REPO, SMALL_FIXED, assert_same_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STEPS = 4  # two checkpoints (learner.checkpoint_every=2)
 TRIAL = "gspo__seed0__lag0__fixed"
@@ -32,6 +34,8 @@ BASE = [
     "arms=[{name: gspo, objective: gspo}]",
     "seeds=[0]",
 ]
+# The shared reference runs this configuration (plus seed 1) for STEPS steps.
+assert (*BASE[:-1], "seeds=[0, 1]") == GSPO_TWO_SEEDS.overrides and GSPO_TWO_SEEDS.steps == STEPS
 
 
 def _config(path: Path, scratch: Path) -> Path:
@@ -45,13 +49,10 @@ def _run(config: Path, out: str | Path, report: bool = False) -> Any:
     return run_experiment(load_config(config), config, out, (), 1, STEPS, report=report)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The same trial with its output on a plain path."""
-    root = tmp_path_factory.mktemp("reference")
-    result = _run(_config(root / "exp.yaml", root / "scratch"), root / "out")
-    assert result.exit_code == 0
-    return root / "out/trials" / TRIAL
+@pytest.fixture
+def reference(gspo_two_seeds: Path) -> Path:
+    """The same trial with its output on a plain path (shared, read-only)."""
+    return gspo_two_seeds / "trials" / TRIAL
 
 
 def test_a_bucket_run_matches_a_path_run_and_a_new_machine_adopts_it(

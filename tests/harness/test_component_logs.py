@@ -6,7 +6,7 @@ import sys
 import threading
 from pathlib import Path
 
-from harness.trial.processes import Child
+from harness.launch.processes import Child
 from tests.buffer.file_modes import assert_private
 
 

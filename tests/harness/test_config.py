@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from analysis.config import ReportConfig
-from harness.config import ConfigError, load_config
+from harness.config import ConfigError, load_config, resolved_dump, validate_config
 from harness.overrides import apply_overrides, parse_override
 
 REPO = Path(__file__).resolve().parents[2]
@@ -193,9 +193,9 @@ def test_dynamic_sampling_is_an_arm_setting_off_by_default(tmp_path: Path) -> No
     cfg = load_config(write(tmp_path, DAPO), ["buffer.max_depth=1024"])
     assert cfg.dynamic_sampling_rounds("dapo") == 3 and cfg.dynamic_sampling_rounds("grpo") == 0
     assert cfg.dynamic_sampling_rounds() == 3
-    # off, it is left out of the dump, so configs written before it keep their hash
-    assert "dynamic_sampling_rounds" not in cfg.arm("grpo").model_dump()
-    assert cfg.arm("dapo").model_dump()["dynamic_sampling_rounds"] == 3
+    # off, it is left out of the resolved config, so configs written before it keep their hash
+    assert "dynamic_sampling_rounds" not in resolved_dump(cfg.arm("grpo"))
+    assert resolved_dump(cfg.arm("dapo"))["dynamic_sampling_rounds"] == 3
 
 
 def test_dynamic_sampling_needs_fixed_mode_and_names_the_arms(tmp_path: Path) -> None:
@@ -225,3 +225,34 @@ def test_extra_rounds_raise_the_buffer_depth_a_checkpoint_interval_needs(tmp_pat
         write(tmp_path, DAPO),
         ["learner.checkpoint_every=10", "learner.prompts_per_step=16", "buffer.max_depth=672"],
     )
+
+
+OMITTING = [
+    "arms.grpo.adv_estimator=rloo",  # adv_norm is not read, so it is left out
+    "arms.gspo.dynamic_sampling_rounds=0",
+    "task.eval_offset=0",
+    "learner.parallel=ddp",
+]
+
+
+def test_model_dump_is_pydantics_own_and_the_resolved_form_omits_the_table() -> None:
+    """Hash stability lives in one table (`OMITTED_AT_DEFAULT`), not in `model_dump`: the
+    plain dump keeps every field, the resolved form leaves the table's out at their default,
+    and the resolved form validates again to a config of the same hash."""
+    cfg = load_config(REPO / "configs/quickstart.yaml", OMITTING)
+    dumped, resolved = cfg.model_dump(mode="json"), resolved_dump(cfg)
+    assert dumped["tuning"] is None and dumped["task"]["eval_offset"] == 0
+    assert dumped["learner"]["parallel"] == "ddp" and "adv_norm" in dumped["arms"][1]
+    assert "tuning" not in resolved and "selection" not in resolved
+    assert "eval_offset" not in resolved["task"] and "parallel" not in resolved["learner"]
+    grpo = resolved["arms"][1]
+    assert grpo["adv_estimator"] == "rloo" and "adv_norm" not in grpo
+    assert {"lr", "dynamic_sampling_rounds"}.isdisjoint(grpo)
+    assert validate_config(resolved).config_hash() == cfg.config_hash()
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_resolves_to_itself(path: Path) -> None:
+    cfg = load_config(path)
+    again = validate_config(resolved_dump(cfg))
+    assert again == cfg and again.config_hash() == cfg.config_hash()

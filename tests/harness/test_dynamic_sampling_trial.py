@@ -26,6 +26,8 @@ from tests.harness.trial_helpers import (
     wait_for_step,
 )
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 4
 DAPO = (
     "arms=[{name: dapo, objective: grpo, agg: token-mean, eps_high: 0.28, "

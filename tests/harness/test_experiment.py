@@ -27,7 +27,8 @@ from harness.config import ExperimentConfig, load_config
 from harness.experiment.grid import expand_trials
 from harness.experiment.progress import MetricsTail
 from harness.experiment.run import run_experiment
-from harness.experiment.scheduler import TrialPool, exit_status, trial_command
+from harness.launch.pool import SubprocessTrialPool
+from harness.launch.trials import PoolLimits, exit_status, trial_command
 from learner.runtime.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 
@@ -251,7 +252,8 @@ def test_trial_timeout_kills_the_trial_and_its_escaped_children(
     cfg, path = write_config(tmp_path, seeds=[0], arms=[{"name": "gspo", "objective": "gspo"}])
     (spec,) = expand_trials(cfg)
     command = trial_command(path, prefix=FAKE_PREFIX)
-    with TrialPool(command, max_parallel=1, kill_grace_s=1.0, trial_timeout_s=600) as pool:
+    limits = PoolLimits(max_parallel=1, kill_grace_s=1.0, trial_timeout_s=600)
+    with SubprocessTrialPool(command, limits) as pool:
         pool.start(spec, resume=False)
         wait_for_files([spec.trial_dir / "pids.txt"], timeout_s=60)  # now it hangs
         assert pool.reap() == []
@@ -342,13 +344,15 @@ DRIVER = """
 import sys, time
 from pathlib import Path
 from harness.experiment.grid import expand_trials
-from harness.experiment.scheduler import TrialPool, trial_command
+from harness.launch.pool import SubprocessTrialPool
+from harness.launch.trials import PoolLimits, trial_command
 from tests.harness.test_experiment import FAKE_PREFIX, write_config
 
 root = Path(sys.argv[1])
 cfg, path = write_config(root, seeds=[0], arms=[{"name": "gspo", "objective": "gspo"}])
 (spec,) = expand_trials(cfg)
-pool = TrialPool(trial_command(path, prefix=FAKE_PREFIX), max_parallel=1, kill_grace_s=1.0)
+command = trial_command(path, prefix=FAKE_PREFIX)
+pool = SubprocessTrialPool(command, PoolLimits(max_parallel=1, kill_grace_s=1.0))
 pool.start(spec, resume=False)
 print(spec.trial_dir, flush=True)
 time.sleep(600)

@@ -28,6 +28,8 @@ from tests.harness.trial_helpers import (
     wait_for_step,
 )
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 6  # checkpoints at 2, 4, 6 (SMALL: learner.checkpoint_every=2)
 FSDP = ("learner.parallel=fsdp", "tracking.enabled=false")
 

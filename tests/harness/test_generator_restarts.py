@@ -7,11 +7,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from buffer.tickets import DEFAULT_LEASE_S
 from harness.trial.generator_main import FAULT_CRASH_FILE_ENV
-from harness.trial.processes import RestartBudget
+from harness.trial.restarts import RestartBudget
 from learner.runtime.checkpoint import CheckpointStore
 from tests.buffer.file_modes import assert_private
 from tests.harness.trial_helpers import REPO, metrics, status, trial_command
@@ -50,6 +51,7 @@ def _wait_consumed(path: Path, process: subprocess.Popen, timeout_s: float) -> N
         time.sleep(0.05)
 
 
+@pytest.mark.e2e
 def test_four_crashes_with_progress_between_finish_the_trial_without_lease_waits(
     tmp_path: Path,
 ) -> None:

@@ -35,6 +35,8 @@ from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 pytest.importorskip("vllm")
 
+pytestmark = pytest.mark.e2e  # a real vLLM engine
+
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config
+from tests.harness.trial_helpers import SMALL_MODEL
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "gpu_check.sh"
@@ -53,9 +54,11 @@ def test_config_puts_every_component_on_cuda_in_bf16() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_trial_checker_refuses_a_cpu_trial(tmp_path: Path) -> None:
     """The same config moved to the CPU completes, and the checker still fails it, for the
-    device alone: the GPU check can never pass on a CPU fallback."""
+    device alone: the GPU check can never pass on a CPU fallback. Made small (the end-to-end
+    tests' built-in model, 4 prompts x 4 samples, no MLflow): the checker reads the trials."""
     out = tmp_path / "run"
     cpu = [
         "generation.backend=torch",
@@ -64,6 +67,10 @@ def test_trial_checker_refuses_a_cpu_trial(tmp_path: Path) -> None:
         "learner.device=cpu",
         "learner.eval_every=2",
         "learner.checkpoint_every=2",
+        *SMALL_MODEL,
+        "generation.group_size=4",
+        "learner.prompts_per_step=4",
+        "tracking.enabled=false",
     ]
     run = [sys.executable, "-m", "harness.cli", "run", str(CONFIG), "--out", str(out)]
     result = subprocess.run(

@@ -20,9 +20,9 @@ from buffer.connection import connect
 from buffer.versions import InitialWeightsMismatchError, VersionRegistry
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, write_trial_record
+from harness.launch.processes import EXIT_NO_RESTART
 from harness.models.factory import build_model_dir, weights_digest
 from harness.trial.learner_main import name_initial_weights
-from harness.trial.processes import EXIT_NO_RESTART
 from tests.conftest import RedisInstance
 from tests.contract.test_record import RUNNER_RECORD
 from tests.harness.test_model_factory import TASK, tiny
@@ -78,6 +78,7 @@ def test_the_learner_refuses_a_model_other_than_the_trial_was_prepared_with(
     assert versions.initial_weights_named() == weights_digest(model_dir)
 
 
+@pytest.mark.e2e
 def test_a_generator_process_on_another_model_exits_without_restart(
     redis_server: RedisInstance, tmp_path: Path
 ) -> None:

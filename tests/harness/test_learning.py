@@ -21,10 +21,11 @@ import pandas as pd
 import pytest
 
 from contract import metrics as M
+from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 from tests.harness.trial_helpers import REPO, metrics
 
 # 8 short trials and a report: ~3 minutes on 2 idle cores, far longer on a loaded machine.
-pytestmark = pytest.mark.timeout(1500)
+pytestmark = [pytest.mark.timeout(1500), pytest.mark.e2e]
 STEPS = 10
 SEEDS = 4
 CONTROL = "grpo_lr_tenth"
@@ -39,8 +40,10 @@ OVERRIDES = [
 
 
 @pytest.fixture(scope="module")
-def experiment(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def experiment(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("control") / "run"
+    # An empty, migrated MLflow store (the session's template), as `harness run` would make it.
+    fresh_sqlite_store(out, template_store(request.config, tmp_path_factory))
     command = [
         sys.executable, "-m", "harness.cli", "run", str(REPO / "configs/quickstart.yaml"),
         "--out", str(out), "--steps", str(STEPS), *OVERRIDES,

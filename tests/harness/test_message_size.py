@@ -27,6 +27,7 @@ def test_config_refuses_a_limit_below_a_full_length_groups_token_bytes() -> None
         load_config(QUICKSTART, [*small, "buffer.max_message_bytes=500"])
 
 
+@pytest.mark.e2e
 def test_an_oversized_group_fails_the_trial_at_once_naming_the_limit(tmp_path: Path) -> None:
     """300 bytes passes the config floor (4 * 8 * 8 = 256 for the small trial) but no encoded
     group fits (Arrow framing alone is larger): the trial must fail on the first push with the

@@ -183,6 +183,7 @@ def test_builtin_build_on_the_mistral_vocabulary(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_vllm_cpu_loads_the_directory_and_generates(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     from harness.config import GenerationConfig
@@ -210,6 +211,7 @@ def test_vllm_cpu_loads_the_directory_and_generates(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_gsm8k_format_cpu_config_end_to_end(tmp_path: Path) -> None:
     """`configs/gsm8k_format_cpu.yaml` as shipped (model cached in ~/.cache), 2 learner steps."""
     import json

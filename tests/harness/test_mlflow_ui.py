@@ -26,6 +26,8 @@ from harness.experiment.mlflow_ui import UiError, serve_ui, start_ui, stop_ui
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 from tests.harness.trial_helpers import process_alive
 
+pytestmark = pytest.mark.e2e  # a real MLflow server
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -76,6 +76,7 @@ def engine(model_dir: Path) -> Iterator:
     made.close()
 
 
+@pytest.mark.e2e
 def test_vllm_moe_weight_updates_match_the_new_weights(
     engine, model_dir: Path, versions: list[str]
 ) -> None:
@@ -88,6 +89,7 @@ def test_vllm_moe_weight_updates_match_the_new_weights(
     assert gap_after(engine, model_dir, step=3) < TOL
 
 
+@pytest.mark.e2e
 def test_vllm_moe_restart_path_serves_the_new_weights(engine, versions: list[str]) -> None:
     engine.weight_update = "restart"  # what an unverified vLLM / device / kernel gets
     try:
@@ -123,6 +125,7 @@ def test_weight_update_plan_restarts_where_reload_is_unverified() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
     """Two steps of the GRPO + R3 routing replay arm of configs/moe_gspo_vs_grpo.yaml."""
     out = tmp_path / "trial"

@@ -26,18 +26,11 @@ from harness.config import load_config
 from harness.config_sections import ModelConfig
 from harness.models.factory import ARCHITECTURES
 from harness.overrides import ConfigError
+from harness.planning.activations import attention_saved, mlp_saved
 from harness.planning.architecture import load_shape
-from harness.planning.memory import (
-    ROUTED_MODEL_TYPES,
-    LearnerSetup,
-    Phase,
-    attention_saved,
-    estimate,
-    logit_bytes,
-    mlp_saved,
-    scoring_passes,
-)
+from harness.planning.memory import ROUTED_MODEL_TYPES, Phase, estimate, logit_bytes, scoring_passes
 from harness.planning.plan import builtin_shape, parse_size
+from harness.planning.setup import LearnerSetup
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab_size": 100, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2}

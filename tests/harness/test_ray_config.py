@@ -16,7 +16,8 @@ from harness.config_sections import ComponentResources
 from harness.executors import open_executor
 from harness.executors.ray import RayTrialPool
 from harness.executors.ray_components import RayLauncher, bundle_index
-from harness.experiment.scheduler import TrialPool
+from harness.launch.pool import SubprocessTrialPool
+from harness.launch.trials import PoolLimits
 from harness.signals import SignalLatch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,13 +27,13 @@ QUICKSTART = REPO / "configs/quickstart.yaml"
 def test_local_is_the_default_and_picks_the_plain_pool() -> None:
     cfg = load_config(QUICKSTART)
     assert cfg.executor.kind == "local"
-    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], 1)
-    assert type(pool) is TrialPool
+    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], PoolLimits(1))
+    assert type(pool) is SubprocessTrialPool
 
 
 def test_ray_picks_the_retrying_pool_with_the_configured_budget() -> None:
     cfg = load_config(QUICKSTART, ["executor.kind=ray", "executor.max_trial_retries=5"])
-    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], 2)
+    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], PoolLimits(2))
     assert isinstance(pool, RayTrialPool) and pool.executor.max_trial_retries == 5
 
 
@@ -102,7 +103,7 @@ def test_an_address_nobody_answers_at_fails_in_seconds() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     cfg = load_config(QUICKSTART, ["executor.kind=ray", f"executor.address=127.0.0.1:{port}"])
-    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], 1)
+    pool = open_executor(cfg.executor).trial_pool(lambda spec, resume: ["true"], PoolLimits(1))
     started = time.monotonic()
     with pytest.raises(ConfigError, match=rf"cannot join the Ray cluster at 127.0.0.1:{port}"):
         pool.connect()

@@ -2,7 +2,9 @@
 
 The head node carries the custom resource `node_head`, the worker `node_worker`, so a config
 can pin a component to either. Tests run in file order and the last one kills the worker node.
-No mocks: real Ray, real trials (torch generator, fixed mode), real Redis.
+No mocks: real Ray, real trials (torch generator, fixed mode), real Redis. The local run the
+Ray executor must match is the session's shared `gspo_two_seeds` experiment (4 steps, of which
+the Ray run's first STEPS; tests/harness/conftest.py).
 """
 
 from __future__ import annotations
@@ -33,15 +35,18 @@ from harness.experiment.run import run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
 from learner.runtime.metrics_log import MetricsLog
+from tests.harness.shared_trials import GSPO_TWO_SEEDS
 from tests.harness.trial_helpers import REPO, SMALL_FIXED, assert_same_metrics, process_alive
 from tests.s3 import S3Server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 STEPS = 2
 BASE = SMALL_FIXED
 ONE_TRIAL = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0]", "max_parallel=1"]
 TWO_SEEDS = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0, 1]"]
+# The shared local run is this configuration, run for at least STEPS steps.
+assert (*BASE, *TWO_SEEDS) == GSPO_TWO_SEEDS.overrides and GSPO_TWO_SEEDS.steps >= STEPS
 # Ray's process names: node services, and workers (renamed `ray::<actor>` once busy).
 RAY_NAMES = (
     "raylet",
@@ -134,11 +139,11 @@ def cluster(s3_server: S3Server) -> Iterator[Cluster]:
 
 
 def test_ray_matches_local_with_generators_on_the_other_node(
-    tmp_path: Path, cluster: Cluster
+    tmp_path: Path, cluster: Cluster, gspo_two_seeds: Path
 ) -> None:
-    """2 seeds run at once: the same metrics as the local executor, every learner on the head
-    node and every generator on the worker node."""
-    local = _write_config(tmp_path / "local.yaml", [*BASE, *TWO_SEEDS])
+    """2 seeds run at once: the same metrics as the local executor (the shared run, read-only),
+    every learner on the head node and every generator on the worker node."""
+    local = gspo_two_seeds
     on_ray = _write_config(
         tmp_path / "ray.yaml",
         [*BASE, *TWO_SEEDS],
@@ -150,21 +155,20 @@ def test_ray_matches_local_with_generators_on_the_other_node(
         },
     )
     # both trials at once (two placement groups): on 2 cores that overlaps their start-up
-    first = _run(local, tmp_path / "local", STEPS, max_parallel=2)
     second = _run(on_ray, tmp_path / "ray", STEPS, max_parallel=2)
-    assert first.exit_code == 0 and second.exit_code == 0
+    assert second.exit_code == 0
     assert [t.status for t in second.trials] == ["completed"] * 2
     head, worker = cluster.head_node.node_id, next(iter(cluster.worker_nodes)).node_id
     for trial in second.trials:
         name = trial.spec.trial_name
-        assert_same_metrics(tmp_path / "local/trials" / name, trial.spec.trial_dir)
+        assert_same_metrics(local / "trials" / name, trial.spec.trial_dir, steps=STEPS)
         assert _placements(trial.spec.trial_dir) == {"learner": [head], "generator-0": [worker]}
         config = yaml.safe_load(trial.spec.paths.resolved_config.read_text())
         assert config["executor"]["kind"] == "ray"
     # the executor is not part of the trial's identity: both runs record the same config hash
-    hashes = {
-        read_trial_record(t.spec.trial_dir).config_hash for t in [*first.trials, *second.trials]
-    }
+    trial_dirs = [*sorted((local / "trials").iterdir()), *(t.spec.trial_dir for t in second.trials)]
+    assert len(trial_dirs) == 4
+    hashes = {read_trial_record(trial_dir).config_hash for trial_dir in trial_dirs}
     assert len(hashes) == 1
 
 

@@ -20,11 +20,11 @@ import yaml
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, write_trial_record
 from contract.trial import TrialStatus
-from harness.config import load_config
-from harness.trial.processes import Child
+from harness.config import load_config, resolved_dump
+from harness.launch.processes import Child
 from harness.trial.watch import _learner_finished
 from tests.harness.test_input_errors import one_line_error
-from tests.harness.trial_helpers import REPO
+from tests.harness.trial_helpers import REPO, SMALL_MODEL
 
 # A small valid config of its own (the shipped ones change with the experiments they run): each
 # test breaks one field of it with an override. Two eval sets, the second with its own task.
@@ -179,7 +179,7 @@ def _killed_trial(config: str, root: Path, overrides: list[str]) -> None:
     cfg = load_config(config, overrides)
     paths = TrialPaths(root)
     root.mkdir()
-    paths.resolved_config.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    paths.resolved_config.write_text(yaml.safe_dump(resolved_dump(cfg), sort_keys=False))
     record = TrialRecord(
         arm="gspo", seed=0, lag=0, mode="fixed", status=TrialStatus.RUNNING,
         config_hash=cfg.config_hash(), steps_planned=50, steps_completed=10,
@@ -228,11 +228,13 @@ def test_learner_killed_before_logging_is_not_blamed_on_the_last_attempt(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_every_file_of_a_finished_experiment_is_private(config: str, tmp_path: Path) -> None:
     """One finished 1-step trial under `harness run` (MLflow store, report, Redis, logs,
-    checkpoints, weights, Parquet): every file 0600, every directory 0700."""
+    checkpoints, weights, Parquet): every file 0600, every directory 0700. On the end-to-end
+    tests' built-in model (SMALL_MODEL), which the session builds once for them all."""
     out = tmp_path / "exp"
-    args = ["run", config, "--out", str(out), "--steps", "1"]
+    args = ["run", config, "--out", str(out), "--steps", "1", *SMALL_MODEL]
     result = subprocess.run(
         [sys.executable, "-m", "harness.cli", *args],
         cwd=REPO, capture_output=True, text=True, timeout=600, check=False,

@@ -2,7 +2,9 @@
 
 Read back with MlflowClient: one parent per launch, the right children and tags, metric
 histories of the expected length, equal prompt-dataset digests for matched arms, the report on
-the parent. A second launch after an interruption runs only the missing trials.
+the parent. A second launch after an interruption runs only the missing trials. The output
+directory starts with an empty, migrated store (a copy of the session's template: `harness run`
+opens it as it would its own new one, without paying for the migrations again).
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 import pytest
 from mlflow import MlflowClient
 
+from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 from tests.harness.trial_helpers import REPO, SMALL
+
+pytestmark = pytest.mark.e2e
 
 STEPS = 2
 OVERRIDES = [
@@ -45,8 +50,11 @@ def trial_infos(out: Path) -> dict[str, dict]:
 
 
 @pytest.mark.slow
-def test_mini_experiment_tracks_everything_and_resumes(tmp_path: Path) -> None:
+def test_mini_experiment_tracks_everything_and_resumes(
+    tmp_path: Path, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     out = tmp_path / "exp"
+    fresh_sqlite_store(out, template_store(request.config, tmp_path_factory))
     # First launch: interrupt it once the first trial has completed.
     process = subprocess.Popen(
         harness_run(out), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

@@ -33,6 +33,7 @@ def component(command: str, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+@pytest.mark.e2e
 def test_two_generators_one_learner_each_group_trained_once(tmp_path: Path) -> None:
     out = tmp_path / "trial"
     (tmp_path / "redis").mkdir()

@@ -14,7 +14,7 @@ from mlflow import MlflowClient
 
 from contract.layout import PARENT_TAG
 from harness.config import ExperimentConfig
-from harness.experiment.grid import PlannedTrial, classify_trials, expand_trials
+from harness.experiment.grid import classify_trials, expand_trials
 from harness.experiment.mlflow_ui import UiError, ui_command, ui_store
 from harness.experiment.run_registry import REGISTRY_FILE, ChildRecord, store_key
 from harness.experiment.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
@@ -23,6 +23,7 @@ from harness.experiment.trial_runs import (
     metric_batches,
     prompt_set_digest,
 )
+from harness.launch.trials import PlannedTrial
 from learner.runtime.metrics_log import MetricsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
 

@@ -1,4 +1,8 @@
-"""Whole trials as a user runs them: real processes, real Redis, real models (design 3, 5, 9)."""
+"""Whole trials as a user runs them: real processes, real Redis, real models (design 3, 5, 9).
+
+The uninterrupted reference of the fixed-lag-1 GRPO trial is the session's shared `grpo_lag1`
+(14 steps; tests/harness/conftest.py): trials here run its first STEPS steps.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,16 @@ import pandas as pd
 import pytest
 
 from buffer.server import EmbeddedRedis
-from buffer.streams import TicketDispenser, connect
+from buffer.streams import TicketDispenser, connect, stop_requested
 from contract import metrics as M
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
-from harness.experiment.grid import PlannedTrial, classify_trial
+from harness.experiment.grid import classify_trial
+from harness.launch.trials import PlannedTrial
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
 from learner.runtime.checkpoint import CheckpointStore
 from learner.runtime.metrics_log import GroupLedger
+from tests.harness.shared_trials import GRPO_LAG1, Recipe
 from tests.harness.trial_helpers import (
     REPO,
     assert_same_metrics,
@@ -33,7 +39,11 @@ from tests.harness.trial_helpers import (
     wait_for_step,
 )
 
+pytestmark = pytest.mark.e2e
+
 STEPS = 4
+# The shared reference is this module's GRPO trial at lag 1, run for at least STEPS steps.
+assert Recipe("grpo", GRPO_LAG1.steps, lag=1) == GRPO_LAG1 and GRPO_LAG1.steps >= STEPS
 
 
 @pytest.mark.parametrize("arm", ["gspo", "grpo", "ppo", "gspo_token"])
@@ -54,20 +64,18 @@ def test_short_trial_per_arm_with_vllm(tmp_path: Path, arm: str) -> None:
         assert np.isfinite(trained[M.VALUE_LOSS]).all()
 
 
-@pytest.fixture(scope="module")
-def reference_run(tmp_path_factory) -> Path:
-    """An uninterrupted fixed-lag trial with the torch generator (the bitwise reference)."""
-    out = tmp_path_factory.mktemp("reference")
-    result = run_trial(out, "grpo", steps=STEPS, lag=1)
-    assert result.returncode == 0, result.stdout + result.stderr
-    return out
+@pytest.fixture
+def reference_run(grpo_lag1: Path) -> Path:
+    """An uninterrupted fixed-lag trial with the torch generator (the bitwise reference, through
+    its first STEPS steps); shared, read-only."""
+    return grpo_lag1
 
 
 def test_fixed_mode_is_bitwise_reproducible(reference_run: Path, tmp_path: Path) -> None:
     result = run_trial(tmp_path, "grpo", steps=STEPS, lag=1)
     assert result.returncode == 0, result.stdout + result.stderr
     first, second = (
-        deterministic_columns(metrics(reference_run)),
+        deterministic_columns(metrics(reference_run)).loc[:STEPS],
         deterministic_columns(metrics(tmp_path)),
     )
     pd.testing.assert_frame_equal(first, second, check_exact=True)
@@ -98,7 +106,7 @@ def test_learner_killed_then_resumed_matches_uninterrupted(
     assert status(tmp_path) == "failed"
     resumed = run_trial(tmp_path, "grpo", steps=STEPS, lag=1, resume=True)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert_same_metrics(reference_run, tmp_path)
+    assert_same_metrics(reference_run, tmp_path, steps=STEPS)
 
 
 def test_generator_killed_trial_finishes_training_each_group_once(tmp_path: Path) -> None:
@@ -165,7 +173,7 @@ def _assert_resumes_to_reference(out: Path, reference: Path, extra: tuple[str, .
     resumed = run_trial(out, "grpo", steps=STEPS, lag=1, resume=True, extra=extra)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert status(out) == "completed"
-    assert_same_metrics(reference, out)
+    assert_same_metrics(reference, out, steps=STEPS)
 
 
 def test_resume_after_a_kill_before_all_groups_were_pushed(
@@ -225,4 +233,4 @@ def _saved_run_state(out: Path) -> tuple[bool, int]:
         [stop_key] = client.keys("gspo:*:stop")
         run_id = stop_key.decode().removeprefix("gspo:").removesuffix(":stop")
         tickets = TicketDispenser(client, run_id)
-        return tickets.stop_requested(), tickets.issued()
+        return stop_requested(client, run_id), tickets.issued()

@@ -1,6 +1,7 @@
 """Eval suites in real trials (torch generator, fixed mode): a row per (eval step, eval set),
 the primary set's greedy rate is eval/pass_rate, reruns repeat the rows bitwise, and adding
-eval sets changes nothing the trial trains on."""
+eval sets changes nothing the trial trains on. The trial without eval sets is the session's
+shared `grpo_two_steps` (tests/harness/conftest.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from harness.experiment.grid import classify_trials, expand_trials
 from harness.experiment.tracking import MlflowTracker
 from learner.runtime.evals_log import EvalsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
+from tests.harness.shared_trials import GRPO_TWO_STEPS, NO_EVALS, Recipe
 from tests.harness.trial_helpers import REPO, deterministic_columns, metrics, run_trial
+
+pytestmark = pytest.mark.e2e
 
 STEPS = 2  # with SMALL's eval_every=2: evals after 0 and 2 steps
 TWO_SETS = (
@@ -27,18 +31,20 @@ TWO_SETS = (
     "eval.samples=4",
     "eval.pass_k=[1, 4]",
 )
-NO_EVALS = ("evals=[]", "eval.samples=0", "eval.pass_k=[]")
+# The shared trial is this module's trial without eval sets, at its own steps.
+assert Recipe("grpo", STEPS, extra=NO_EVALS) == GRPO_TWO_STEPS
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def runs(tmp_path_factory: pytest.TempPathFactory, grpo_two_steps: Path) -> dict[str, Path]:
+    """Two runs with eval sets, and the shared one without (all read-only)."""
     outs = {}
-    for name, extra in (("first", TWO_SETS), ("again", TWO_SETS), ("plain", NO_EVALS)):
+    for name in ("first", "again"):
         out = tmp_path_factory.mktemp(name)
-        result = run_trial(out, "grpo", steps=STEPS, extra=extra)
+        result = run_trial(out, "grpo", steps=STEPS, extra=TWO_SETS)
         assert result.returncode == 0, result.stdout + result.stderr
         outs[name] = out
-    return outs
+    return outs | {"plain": grpo_two_steps}
 
 
 def evals(out: Path) -> pd.DataFrame:

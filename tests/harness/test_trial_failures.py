@@ -1,7 +1,8 @@
 """Every way a trial's attempt can fail ends it `failed` with one line saying why (issue 30).
 
-One finished 2-step trial is shared: each case copies its directory, breaks the copy (its Redis
-AOF, the disk under it, a process) and resumes it. Before, garbage in the AOF left trial.json
+One finished 2-step trial is shared (the session's `grpo_two_steps`, tests/harness/conftest.py):
+each case copies its directory, breaks the copy (its Redis AOF, the disk under it, a process) and
+resumes it. Before, garbage in the AOF left trial.json
 `running` behind a traceback, an AOF cut short made the generator crash-loop on a policy version
 whose location was lost, a full disk left a traceback (and trial.json `running` or a multi-line
 reason), a SIGKILLed supervisor's generator lived 9-15 s on, and a Redis kill ended the trial
@@ -11,7 +12,6 @@ only after its components' reconnect attempts (9-46 s on a loaded machine).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -23,34 +23,20 @@ from contract import metrics as M
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from learner.runtime.metrics_log import GroupLedger
+from tests.harness.shared_trials import GRPO_TWO_STEPS, private_copy
 from tests.harness.test_fault_injection import _redis_pids
-from tests.harness.trial_helpers import (
-    REPO,
-    metrics,
-    process_alive,
-    run_trial,
-    trial_command,
-    wait_for_step,
-)
+from tests.harness.trial_helpers import REPO, metrics, process_alive, wait_for_step
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-BASE_STEPS = 2  # the shared trial: checkpoint at step 2 (SMALL: checkpoint_every=2)
+BASE = GRPO_TWO_STEPS  # every resume runs the shared trial's configuration
+BASE_STEPS = BASE.steps  # 2: checkpoint at step 2 (SMALL: checkpoint_every=2)
 
 
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("failures") / "base"
-    done = run_trial(out, "grpo", steps=BASE_STEPS)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return out
-
-
-def _copy(finished: Path, out: Path) -> Path:
-    shutil.copytree(finished, out, symlinks=True)
-    for pid_file in (out / "logs").glob("*.pid"):  # the base's dead processes
-        pid_file.unlink()
-    return out
+@pytest.fixture
+def finished(grpo_two_steps: Path) -> Path:
+    """The shared finished trial: read-only, each test breaks a `private_copy` of it."""
+    return grpo_two_steps
 
 
 def _failure_reason(out: Path) -> str:
@@ -83,10 +69,10 @@ def _commands(data: bytes) -> list[tuple[int, list[bytes]]]:
 
 
 def test_garbage_in_the_aof_fails_the_resume_in_one_line(finished: Path, tmp_path: Path) -> None:
-    out = _copy(finished, tmp_path / "trial")
+    out = private_copy(finished, tmp_path / "trial")
     with _incr_aof(out).open("ab") as aof:
         aof.write(b"garbage\x00\xff not a command\r\n")
-    result = run_trial(out, "grpo", steps=4, resume=True)
+    result = BASE.run(out, steps=4, resume=True)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stdout + result.stderr
     reason = _failure_reason(out)
@@ -103,7 +89,7 @@ def test_an_aof_cut_short_is_loaded_and_the_resume_completes(
     tickets were never issued. The learner's checkpoint of step 2 already trained batch 1; the
     generator regenerates it with v1 (its location restored from the weight store) and those
     groups are acked as trained duplicates; the trial completes."""
-    out = _copy(finished, tmp_path / "trial")
+    out = private_copy(finished, tmp_path / "trial")
     aof = _incr_aof(out)
     data = aof.read_bytes()
     [cut] = [
@@ -112,7 +98,7 @@ def test_an_aof_cut_short_is_loaded_and_the_resume_completes(
         if args[:1] == [b"SET"] and args[1].endswith(b":version") and args[2] == b"1"
     ]
     aof.write_bytes(data[: cut + 10])
-    result = run_trial(out, "grpo", steps=4, resume=True)
+    result = BASE.run(out, steps=4, resume=True)
     assert result.returncode == 0, result.stdout + result.stderr
     record = read_trial_record(out)
     assert record is not None and record.status.value == "completed"
@@ -150,8 +136,8 @@ def test_a_full_disk_fails_in_one_line_and_resumes_once_space_is_freed(
     disk = tmp_path / "disk"
     _mount_tmpfs(disk, _kib(finished) + _kib(finished / "weights" / "v000001") // 2 + 64)
     try:
-        out = _copy(finished, disk / "trial")
-        full = run_trial(out, "grpo", steps=4, resume=True)
+        out = private_copy(finished, disk / "trial")
+        full = BASE.run(out, steps=4, resume=True)
         assert full.returncode == 1, full.stdout + full.stderr
         reason = _failure_reason(out)
         # Whichever writer meets the full disk first names it: the learner's next weight
@@ -164,7 +150,7 @@ def test_a_full_disk_fails_in_one_line_and_resumes_once_space_is_freed(
         assert "rerun the trial with --resume" in reason
         grown = ["mount", "-o", "remount,size=64m", str(disk)]
         subprocess.run(grown, check=True, capture_output=True)
-        freed = run_trial(out, "grpo", steps=4, resume=True)
+        freed = BASE.run(out, steps=4, resume=True)
         assert freed.returncode == 0, freed.stdout + freed.stderr
         record = read_trial_record(out)
         assert record is not None and record.status.value == "completed"
@@ -178,7 +164,7 @@ def _start_resume(out: Path) -> subprocess.Popen:
     """Resume the copy towards 20 steps; returns once step BASE_STEPS + 1 is logged, so every
     component is at work."""
     supervisor = subprocess.Popen(
-        trial_command(out, "grpo", steps=20, resume=True),
+        BASE.command(out, steps=20, resume=True),
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -208,7 +194,7 @@ def _gone_after(pids: list[int], since: float, limit_s: float) -> float:
 def test_a_killed_supervisor_takes_its_components_within_a_second(
     finished: Path, tmp_path: Path
 ) -> None:
-    out = _copy(finished, tmp_path / "trial")
+    out = private_copy(finished, tmp_path / "trial")
     supervisor = _start_resume(out)
     pids = _components(out)
     assert len(pids) == 3 and all(process_alive(pid) for pid in pids)
@@ -221,7 +207,7 @@ def test_a_killed_supervisor_takes_its_components_within_a_second(
 def test_a_killed_redis_ends_the_trial_within_seconds_in_one_line(
     finished: Path, tmp_path: Path
 ) -> None:
-    out = _copy(finished, tmp_path / "trial")
+    out = private_copy(finished, tmp_path / "trial")
     supervisor = _start_resume(out)
     pids = _components(out)
     redis_pid = pids[-1]

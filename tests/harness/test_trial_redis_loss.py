@@ -18,7 +18,7 @@ from contract.record import read_trial_record
 from tests.conftest import RedisInstance
 from tests.harness.trial_helpers import REPO, run_trial, status, trial_command, wait_for_step
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 LOST = "Redis lost run"
 # Far below the 600 s take timeout a hang ends with; covers model loading on a busy machine.

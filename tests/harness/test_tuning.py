@@ -20,7 +20,14 @@ from mlflow import MlflowClient
 from rich.console import Console
 
 from contract.layout import TUNING_SCORES, TUNING_SELECTION
-from harness.config import ConfigError, ExperimentConfig, load_config, validate_config
+from contract.tuning import TuningSelection
+from harness.config import (
+    ConfigError,
+    ExperimentConfig,
+    load_config,
+    resolved_dump,
+    validate_config,
+)
 from harness.config_tuning import SearchSpace, tuned_arm_name
 from harness.experiment.tuning import (
     check_validation_is_held_out,
@@ -130,9 +137,9 @@ def test_a_config_without_tuning_keeps_its_hash(tmp_path: Path) -> None:
     data = tuned_data(tmp_path)
     del data["tuning"]
     plain = validate_config(data)
-    assert "tuning" not in plain.model_dump() and "selection" not in plain.model_dump()
-    # eval_offset 0 is left out of the task's dump too
-    assert "eval_offset" not in plain.task.model_dump()
+    assert "tuning" not in resolved_dump(plain) and "selection" not in resolved_dump(plain)
+    # eval_offset 0 is left out of the task's resolved form too
+    assert "eval_offset" not in resolved_dump(plain.task)
 
 
 # ---- the two stages and the selection --------------------------------------------------------
@@ -167,7 +174,7 @@ def test_the_validation_set_never_reaches_the_final_stage(tmp_path: Path) -> Non
         check_validation_is_held_out(validate_config(leaking))
 
 
-def _selection(cfg: ExperimentConfig, picks: dict[str, int]) -> dict:
+def _selection(cfg: ExperimentConfig, picks: dict[str, int]) -> TuningSelection:
     rows = [
         {"arm": arm, "config": i, "seed": s, "score": 1.0 if i == picks[arm] else 0.5}
         for arm in picks
@@ -193,12 +200,14 @@ def test_selection_takes_the_best_mean_over_finished_seeds_and_the_first_of_ties
         for (c, s), v in scores.items()
     ]
     selection = select_configurations(cfg, pd.DataFrame(rows))
-    grpo = selection["arms"]["grpo"]
-    assert [c["score"] for c in grpo["configs"]] == pytest.approx([0.3, 0.5, 0.5, 0.5])
-    assert [c["n_seeds"] for c in grpo["configs"]] == [2, 1, 2, 2]
-    assert grpo["selected"] == 1 and grpo["settings"] == {"lr": 1e-4}  # first of the ties
-    assert selection["seeds"] == [100, 101] and selection["evaluation_seeds"] == [0, 1]
-    assert selection["validation"] == {"name": "val", "task": "addition", "offset": 64, "size": 16}
+    grpo = selection.arms["grpo"]
+    assert [c.score for c in grpo.configs] == pytest.approx([0.3, 0.5, 0.5, 0.5])
+    assert [c.n_seeds for c in grpo.configs] == [2, 1, 2, 2]
+    assert grpo.selected == 1 and grpo.settings == {"lr": 1e-4}  # first of the ties
+    assert selection.seeds == [100, 101] and selection.evaluation_seeds == [0, 1]
+    assert selection.validation.model_dump() == {
+        "name": "val", "task": "addition", "offset": 64, "size": 16
+    }  # fmt: skip
     nothing = pd.DataFrame([{**r, "score": math.nan} for r in rows])
     with pytest.raises(ConfigError, match="no configuration of arm 'gspo' has a validation"):
         select_configurations(cfg, nothing)
@@ -249,6 +258,7 @@ def trial_dirs(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir())
 
 
+@pytest.mark.e2e  # both stages of `harness run`, trials as processes
 def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
     tmp_path: Path, mlflow_template: Path
 ) -> None:
@@ -278,7 +288,8 @@ def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
         "arm", "config", "seed", "score", "status", "param.lr",
     ]  # fmt: skip
     stage_cfg = load_config(out / "stage_config.yaml")
-    assert stage_cfg.arm("gspo").lr == 1e-3 and stage_cfg.selection["arms"]["gspo"]["selected"] == 1
+    assert stage_cfg.selection is not None
+    assert stage_cfg.arm("gspo").lr == 1e-3 and stage_cfg.selection.arms["gspo"].selected == 1
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs(client.get_experiment_by_name("tuned").experiment_id)
     parents = [r for r in runs if r.data.tags.get("harness.kind") == "experiment"]
@@ -291,6 +302,7 @@ def test_harness_run_tunes_selects_and_compares_under_one_mlflow_parent(
     assert artifacts == ["tuning/selection.json"]
 
 
+@pytest.mark.e2e  # both stages of `harness run`, trials as processes
 def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
     tmp_path: Path,
 ) -> None:
@@ -315,6 +327,7 @@ def test_a_failed_run_resumes_either_stage_without_rerunning_finished_trials(
     assert all(n == (2 if name.startswith("gspo") else 1) for name, n in final.items())
 
 
+@pytest.mark.e2e  # both stages of `harness run`, trials as processes
 def test_a_killed_run_resumes_the_tuning_stage_and_selects_the_same(tmp_path: Path) -> None:
     """SIGTERM to `harness run` mid-tuning: trials stop, nothing is selected; the rerun runs only
     the unfinished tuning trials, then selects and compares as an uninterrupted run would."""

@@ -13,6 +13,7 @@ from torch import Tensor
 
 import learner.runtime.step as step_module
 from buffer.collate import collate
+from harness.config import resolved_dump
 from learner.algorithms.advantages import (
     ADV_EPS,
     ADVANTAGE_ESTIMATORS,
@@ -262,8 +263,8 @@ def test_group_arms_default_to_group_and_keep_adv_norm(objective: str) -> None:
     arm = make_arm(name="a", objective=objective, adv_norm="mean_only")
     assert arm.adv_estimator == "group" and arm.adv_norm == "mean_only"  # type: ignore[attr-defined]
     assert arm.advantages == "group"  # every estimator here is sequence-level [B]
-    # A config written before the field existed dumps as before (same config hash).
-    assert "adv_estimator" not in arm.model_dump(mode="json")
+    # A config written before the field existed resolves as before (same config hash).
+    assert "adv_estimator" not in resolved_dump(arm)
 
 
 def test_adv_norm_with_another_estimator_is_refused() -> None:
@@ -289,7 +290,7 @@ def test_unknown_estimator_and_ppo_are_refused() -> None:
 def test_arm_dump_validates_again(estimator: str) -> None:
     # The learner re-reads the resolved config that the driver dumped.
     arm = make_arm(name="a", objective="grpo", adv_estimator=estimator)
-    dumped = arm.model_dump(mode="json")
+    dumped = resolved_dump(arm)
     assert ("adv_norm" in dumped) == (estimator == "group")
     again = make_arm(**dumped)
     assert again == arm

@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 
 from buffer.collate import collate
-from harness.config import ConfigError, load_config, validate_config
+from harness.config import ConfigError, load_config, resolved_dump, validate_config
 from learner.config import LearnerConfig, make_arm, warn_single_update
 from learner.runtime.models import build_step_models
 from learner.runtime.step import train_on_batch
@@ -23,7 +23,7 @@ SHARED = LearnerConfig(prompts_per_step=4, minibatches=1, lr=1e-4, grad_clip=1.0
 def test_unset_overrides_keep_the_shared_settings_and_the_dump() -> None:
     arm = make_arm(name="g", objective="grpo")
     assert arm.training_settings(SHARED) is SHARED
-    assert {"lr", "grad_clip", "minibatches", "ppo_epochs"}.isdisjoint(arm.model_dump())
+    assert {"lr", "grad_clip", "minibatches", "ppo_epochs"}.isdisjoint(resolved_dump(arm))
 
 
 def test_overrides_apply_to_their_arm_alone() -> None:
@@ -36,7 +36,7 @@ def test_overrides_apply_to_their_arm_alone() -> None:
         1,
     )
     assert settings.prompts_per_step == SHARED.prompts_per_step  # everything else is shared
-    assert control.model_dump()["lr"] == 1e-5  # part of the arm's identity
+    assert resolved_dump(control)["lr"] == 1e-5  # part of the arm's identity
     ppo = make_arm(name="p", objective="ppo", value_lr=1e-3)
     assert ppo.training_settings(SHARED).value_lr == 1e-3
 

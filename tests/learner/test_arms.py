@@ -1,6 +1,6 @@
-"""Arms as typed variants: every objective has a model, its declared behaviour, options built
-from the config, settings it does not read refused by name, and the warning for arms that train
-one objective."""
+"""Arms as typed variants: every objective has a model, its declared behaviour, the frozen arm
+as the settings its objective reads, settings it does not read refused by name, and the warning
+for arms that train one objective."""
 
 from __future__ import annotations
 
@@ -17,14 +17,12 @@ from pydantic import ValidationError
 
 from learner.algorithms import objectives
 from learner.algorithms.masking import LOSS_AGGREGATIONS
-from learner.algorithms.objectives import POLICY_LOSSES
-from learner.algorithms.options import ObjectiveOptions
+from learner.algorithms.objectives import POLICY_LOSSES, PolicySettings
 from learner.config import (
     ARM_MODELS,
     EquivalentArmsWarning,
     LearnerConfig,
     arm_model,
-    default_options,
     make_arm,
     warn_equivalent_arms,
     warn_single_update,
@@ -93,28 +91,29 @@ def test_unknown_objective_names_the_registered_ones() -> None:
         make_arm(name="a", objective="dpo")
 
 
-def test_options_are_built_once_from_the_arm() -> None:
+SETTINGS = ("eps_low", "eps_high", "aggregation", "beta", "kl_estimator")
+
+
+def test_the_arm_is_the_settings_its_objective_reads() -> None:
     arm = make_arm(
         name="a", objective="grpo", eps_high=0.28, agg="seq-mean-token-sum-norm", beta=0.1,
         kl_estimator="k2",
     )  # fmt: skip
-    assert arm.objective_options(max_len=16) == ObjectiveOptions(
-        eps_low=0.2, eps_high=0.28, agg="seq-mean-token-sum-norm", max_len=16, beta=0.1,
-        kl_estimator="k2",
+    assert isinstance(arm, PolicySettings)
+    assert tuple(getattr(arm, name) for name in SETTINGS) == (
+        0.2, 0.28, "seq-mean-token-sum-norm", 0.1, "k2",
     )  # fmt: skip
     ppo = make_arm(name="p", objective="ppo")
-    assert ppo.objective_options(max_len=16) == ObjectiveOptions(
-        eps_low=0.2, eps_high=0.2, agg="token-mean"
-    )
+    assert tuple(getattr(ppo, name) for name in SETTINGS) == (0.2, 0.2, "token-mean", 0.0, "k3")
 
 
 @pytest.mark.parametrize("name", sorted(DECLARED))
 def test_settings_an_objective_does_not_take_are_refused_by_name(name: str) -> None:
-    base = make_arm(name="a", objective=name).objective_options(max_len=16)
-    assert base == default_options(name, max_len=16)
+    base = make_arm(name="a", objective=name)
+    assert isinstance(base, PolicySettings) and base == arm_model(name)(name="a", objective=name)
     if "agg" in arm_model(name).model_fields:
-        other = make_arm(name="a", objective=name, agg="token-mean").objective_options(32)
-        assert (other.agg, other.max_len) == ("token-mean", 32)
+        other = make_arm(name="a", objective=name, agg="token-mean")
+        assert other.aggregation == "token-mean"
     else:  # an ignored setting would pass silently: it is an error naming it and its readers
         with pytest.raises(ValidationError, match=r"does not read agg \(.*only grpo arms take"):
             make_arm(name="a", objective=name, agg="token-mean")
@@ -138,10 +137,10 @@ def test_shipped_configs_validate() -> None:
             assert load_config(path).arms, path
 
 
-def test_options_are_frozen() -> None:
-    options = default_options("gspo")
-    with pytest.raises(AttributeError):
-        options.eps_low = 0.1  # type: ignore[misc]
+def test_arms_are_frozen() -> None:
+    arm = make_arm(name="g", objective="gspo")
+    with pytest.raises(ValidationError, match="frozen"):
+        arm.eps_low = 0.1  # type: ignore[misc]
 
 
 def test_gspo_and_gspo_token_arms_warn_that_they_train_one_objective() -> None:

@@ -128,3 +128,26 @@ def test_pruning_keeps_older_intact_checkpoints_over_newer_skipped_ones(tmp_path
         "step-000004",
     ]
     assert store.latest_step() == 3
+
+
+def test_an_invalid_seal_is_skipped_and_invalid_records_fail_the_resume(
+    tmp_path: Path, capsys
+) -> None:
+    model, _opt, _sched = _modules(0)
+    store = CheckpointStore(tmp_path)
+    for step in (2, 4):
+        store.save(TrainingState(step=step), {"policy": model})
+    path = tmp_path / "step-000004/manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "step": 6}))  # another step's manifest
+    assert store.load({"policy": model}, say=print).step == 2
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"checkpoint step-000004 skipped: manifest.json is not a valid {MANIFEST_FORMAT} "
+        "manifest of step 4"
+    )
+    path = tmp_path / "step-000002/manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "records": {"a.json": {"step": "1"}}}))
+    assert store.latest_step() == 2  # the seal is intact: the records are checked on resume
+    with pytest.raises(ResumeError, match=r"step-000002/manifest\.json: its records are not valid"):
+        store.verify_records(2, tmp_path)

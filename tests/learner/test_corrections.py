@@ -19,13 +19,13 @@ from learner.config import (
     ArmBase,
     EquivalentArmsWarning,
     LearnerConfig,
-    default_options,
     make_arm,
     warn_equivalent_arms,
 )
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
 from learner.runtime.step import train_on_batch
+from tests.learner.objective_inputs import run
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 # Two sequences: row 0 has three response tokens with rho = [2, 0.5, 4], row 1 two with
@@ -207,10 +207,15 @@ def test_naive_gspo_sequence_ratio_starts_at_rho_geo() -> None:
     naive = correction_spec("naive")
     weights, _ = correction_weights(naive, pi_prox, mu, mask)
     assert weights is None and not naive.uses_proximal  # pi_old = mu, no weight
-    _, stats = POLICY_LOSSES["gspo"](
-        pi_prox, mu, torch.tensor([1.0, -1.0]), mask, default_options("gspo")
+    _, stats = run(
+        POLICY_LOSSES["gspo"],
+        pi_prox,
+        mu,
+        torch.tensor([1.0, -1.0]),
+        mask,
+        make_arm(name="g", objective="gspo"),
     )
     rho_geo = [math.exp(0.1), math.exp(-0.2)]  # 1.105171, 0.818731
-    assert stats["ratio_min"] == pytest.approx(min(rho_geo), rel=1e-6)
-    assert stats["ratio_max"] == pytest.approx(max(rho_geo), rel=1e-6)
-    assert stats["ratio_mean"] == pytest.approx(sum(rho_geo) / 2, rel=1e-6)
+    assert stats[M.POLICY_RATIO_MIN] == pytest.approx(min(rho_geo), rel=1e-6)
+    assert stats[M.POLICY_RATIO_MAX] == pytest.approx(max(rho_geo), rel=1e-6)
+    assert stats[M.POLICY_RATIO_MEAN] == pytest.approx(sum(rho_geo) / 2, rel=1e-6)

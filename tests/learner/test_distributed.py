@@ -49,17 +49,20 @@ def _case(name: str) -> tuple[ArmBase, LearnerConfig]:
         "grpo_dapo": make_arm(name="d", objective="grpo", agg="token-mean", eps_high=0.28),
         "ppo": make_arm(name="p", objective="ppo"),
     }[name.removesuffix("_micro")]
-    # 4 groups in 2 minibatches of 2 groups: one group per rank per minibatch; 2 epochs, so the
-    # second pass runs on weights both ranks updated identically.
-    cfg = LearnerConfig(
+    return arm, two_epoch_config(**MICRO.get(name, {}))
+
+
+def two_epoch_config(**settings: object) -> LearnerConfig:
+    """4 groups in 2 minibatches of 2 groups: one group per rank per minibatch; 2 epochs, so the
+    second pass runs on weights both ranks updated identically."""
+    return LearnerConfig(
         prompts_per_step=N_GROUPS,
         minibatches=2,
         ppo_epochs=2,
         lr=1e-3,
         old_logprobs="recompute",
-        **MICRO.get(name, {}),
+        **settings,
     )
-    return arm, cfg
 
 
 def _batch() -> RolloutBatch:
@@ -194,6 +197,7 @@ def test_loss_units_per_arm() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_torchrun_learner_two_ranks_smoke(tmp_path: Path) -> None:
     """`torchrun --nproc_per_node 2 ... learner` against an embedded Redis and one generator:
     2 steps, one outcome file, every group trained once (rank 0 alone takes and commits)."""

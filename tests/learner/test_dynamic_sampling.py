@@ -13,18 +13,16 @@ import pytest
 
 from buffer.connection import RunKeys
 from buffer.inbox import Delivery
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.producer import RolloutProducer
 from buffer.schema import make_group_id
-from buffer.telemetry import Telemetry
 from buffer.tickets import TicketDispenser, draw_key, round_tickets
-from buffer.versions import VersionRegistry
-from buffer.weight_store import WeightStore
 from contract import metrics as M
 from contract.trial import TrialStatus
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.dynamic_sampling import informative, select_groups, take_dynamic
-from learner.runtime.loop import LearnerTask, run_learner
+from learner.runtime.loop import LearnerTask
 from learner.runtime.metrics_log import GroupLedger
+from tests.learner.learner_runs import fixed_task, run_on_redis
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 RUN, SEED, P, G = "dapo-run", 3, 2, 4
@@ -118,24 +116,21 @@ PLAN = {
 }
 
 
-def _push_plan(buffer: RolloutBuffer) -> None:
+def _push_plan(producer: RolloutProducer) -> None:
     """Every draw the plan has, pushed up front: a requested round's groups are then waiting
     under their draw key (the generator's side is tested in tests/buffer/test_ticket_rounds)."""
     for batch, rounds in PLAN.items():
         for r, rewards in rounds.items():
             for ticket, rw in zip(round_tickets(batch, r, P), rewards, strict=True):
-                buffer.push(_delivery(ticket, rw, batch).group, batch_index=draw_key(batch, r))
+                producer.push(_delivery(ticket, rw, batch).group, batch_index=draw_key(batch, r))
 
 
 def _task(tmp_path: Path, name: str, checkpoint_every: int) -> LearnerTask:
-    return LearnerTask(
-        arm=make_arm(name="dapo", objective="grpo", agg="token-mean", dynamic_sampling_rounds=2),
-        learner=LearnerConfig(steps=2, prompts_per_step=P, checkpoint_every=checkpoint_every),
-        mode="fixed",
-        lag=0,
+    return fixed_task(
+        make_arm(name="dapo", objective="grpo", agg="token-mean", dynamic_sampling_rounds=2),
+        LearnerConfig(steps=2, prompts_per_step=P, checkpoint_every=checkpoint_every),
         seed=SEED,
         group_size=G,
-        max_new_tokens=8,
         model_dir=save_tiny_policy(tmp_path / "model"),
         trial_dir=tmp_path / name,
         take_timeout_s=20,
@@ -147,16 +142,8 @@ class KilledError(Exception):
 
 
 def _run(task: LearnerTask, client, *, resume: bool = False, on_step=None):
-    return run_learner(
-        task,
-        buffer=RolloutBuffer(client, RUN),
-        telemetry=Telemetry(client, RUN),
-        versions=VersionRegistry(client, RUN),
-        weights=WeightStore(task.trial_dir / "weights"),
-        evaluate=lambda _model, _step: 0.0,
-        resume=resume,
-        on_step=on_step,
-    )
+    weights_dir = task.trial_dir / "weights"
+    return run_on_redis(task, client, RUN, weights_dir=weights_dir, resume=resume, on_step=on_step)
 
 
 def _metrics(trial_dir: Path) -> list[dict[str, float | None]]:
@@ -183,7 +170,7 @@ def test_the_learner_filters_asks_for_rounds_and_commits_every_group_it_read(
     redis_server, tmp_path: Path
 ) -> None:
     client = redis_server.client()
-    _push_plan(RolloutBuffer(client, RUN))
+    _push_plan(RolloutProducer(client, RUN))
     task = _task(tmp_path, "trial", checkpoint_every=1)
     outcome = _run(task, client)
     assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == 2
@@ -217,14 +204,14 @@ def test_a_killed_learner_redoes_the_same_rounds_and_trains_each_group_once(
     redis_server, tmp_path: Path
 ) -> None:
     client = redis_server.client()
-    _push_plan(RolloutBuffer(client, RUN))
+    _push_plan(RolloutProducer(client, RUN))
     whole = _run(_task(tmp_path, "whole", checkpoint_every=2), client)
     assert whole.status == TrialStatus.COMPLETED
     expected = _metrics(tmp_path / "whole")
     ledger = _trained(tmp_path / "whole")
 
     client.flushdb()
-    _push_plan(RolloutBuffer(client, RUN))
+    _push_plan(RolloutProducer(client, RUN))
     task = _task(tmp_path, "killed", checkpoint_every=2)
 
     def kill_after_step_1(step: int, _metrics: dict[str, float]) -> None:

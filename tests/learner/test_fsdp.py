@@ -31,11 +31,11 @@ from learner.runtime.sharding import gather_full_weights, is_sharded
 from learner.runtime.step import StepModels, train_on_batch
 from tests.learner.test_distributed import (
     GROUP_SIZE,
-    N_GROUPS,
     WORLD,
     _batch,
     _free_port,
     join_cpu_rank,
+    two_epoch_config,
 )
 from tests.learner.tiny import save_tiny_policy
 
@@ -57,17 +57,7 @@ BF16_LOGPROB_BOUND = 0.01
 
 def _case(name: str, **extra: object) -> tuple[ArmBase, LearnerConfig]:
     arm_fields, scale = CASES[name]
-    arm = make_arm(name="a", **arm_fields)
-    cfg = LearnerConfig(
-        prompts_per_step=N_GROUPS,
-        minibatches=2,
-        ppo_epochs=2,
-        lr=1e-3,
-        old_logprobs="recompute",
-        **scale,
-        **extra,
-    )
-    return arm, cfg
+    return make_arm(name="a", **arm_fields), two_epoch_config(**scale, **extra)
 
 
 def _train(models: StepModels, batch: RolloutBatch, name: str, cfg: LearnerConfig, dist):

@@ -14,7 +14,13 @@ import torch
 
 from learner.algorithms.correction_spec import correction_spec
 from learner.algorithms.corrections import correction_weights
-from tests.learner.objective_inputs import layout, leaf, loss_of, opts, response
+from tests.learner.objective_inputs import (
+    layout,
+    leaf,
+    opts,
+    response,
+    run,
+)
 
 # Three rows, identical pi_theta = pi_old = pi_prox (every ratio r_t = 1), so each token's term
 # is L_t = -A_i w_t. mis_token with cap 2 keeps w_t = rho_t = 1 and masks rho_t = 4 (w_t = 0):
@@ -44,8 +50,8 @@ def test_token_mean_keeps_masked_tokens_in_the_denominator() -> None:
     # Loss -1/7 = -0.142857; dropping b, f, g would give -1/4 and weigh each survivor 1/4.
     # Gradient dL/dlog pi_t = -A_i w_t / 7: a, c -1/7; b 0; d, e +0.5/7; f, g 0.
     logprobs, old, mask, weights = masked_batch()
-    loss, _ = loss_of("grpo")(
-        logprobs, old, ADV, mask, opts("grpo", agg="token-mean"), is_weights=weights
+    loss, _ = run(
+        "grpo", logprobs, old, ADV, mask, opts("grpo", agg="token-mean"), is_weights=weights
     )
     loss.backward()
     assert loss.item() == pytest.approx(-1 / 7, rel=1e-6)
@@ -61,5 +67,5 @@ def test_sequence_means_keep_masked_tokens_and_sequences_in_their_denominators()
     # GSPO: s_i = 1 scaled by the mean weight 2/3, 1, 0, so the same (-2/3 + 1/2 + 0) / 3.
     for name, options in (("grpo", opts("grpo")), ("gspo", opts("gspo"))):
         logprobs, old, mask, weights = masked_batch()
-        loss, _ = loss_of(name)(logprobs, old, ADV, mask, options, is_weights=weights)
+        loss, _ = run(name, logprobs, old, ADV, mask, options, is_weights=weights)
         assert loss.item() == pytest.approx(-1 / 18, rel=1e-6), name

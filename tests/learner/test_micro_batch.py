@@ -1,8 +1,9 @@
 """Micro-batches (gradient accumulation) give the whole minibatch's gradient, for every loss.
 
-Each part's loss divides by the minibatch's totals (`LossTotals`) instead of its own counts, and
-Clip-Cov / KL-Cov take their token selection made on the whole minibatch
-(`PolicyLoss.selection`), so the parts' gradients sum to the unsplit one. The batch has an
+Each part's terms are reduced with the minibatch's totals (`LossTotals`, `reduce_loss`) instead of
+its own counts, and Clip-Cov / KL-Cov take their token selection made on the whole minibatch
+(`PolicyObjective.selection`), so the parts' gradients sum to the unsplit one; the parts' kept
+terms, put back together, give the minibatch's metrics. The batch has an
 uneven last micro-batch, a row longer than the budget (a micro-batch of its own) and an empty
 response; the losses run off-policy (some tokens clipped), with IS weights and a reference-KL
 penalty, so every term of every loss is split.
@@ -10,15 +11,24 @@ penalty, so every term of every loss is split.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import Tensor
 
 from learner.algorithms.masking import LOSS_AGGREGATIONS, LossTotals
-from learner.algorithms.objectives import POLICY_LOSSES, value_loss
-from learner.config import make_arm
+from learner.algorithms.objectives import (
+    POLICY_LOSSES,
+    PolicyBatch,
+    PolicyTerms,
+    policy_metrics,
+    reduce_loss,
+    value_loss,
+)
+from learner.config import ArmBase, make_arm
 from learner.plugins import load_plugins
-from learner.runtime.update import MicroBatch, micro_batches, take
+from learner.runtime.update import MicroBatch, assemble, micro_batches, take
 
 # Prompt and response lengths of each row (row 4's response is empty): real tokens 8, 3, 13, 20,
 # 3, 6, 5, 8. Budget 16 padded tokens: sorted longest first they pack as [20] (over the budget,
@@ -69,40 +79,49 @@ def parts_of(lengths: Tensor, ranks: int = 1) -> list[MicroBatch]:
     return [part for rank in range(ranks) for part in micro_batches(shares, rank, lengths, BUDGET)]
 
 
+def advantages_of(arm: ArmBase, b: dict[str, Tensor]) -> Tensor:
+    return b["adv_seq"] if arm.advantages == "group" else torch.where(b["mask"], b["adv_tok"], 0)
+
+
+def batch_of(
+    b: dict[str, Tensor], logprobs: Tensor, adv: Tensor, rows: MicroBatch | None = None
+) -> PolicyBatch:
+    """The minibatch's checked batch, or its micro-batch `rows`'."""
+
+    def cut(x: Tensor) -> Tensor:
+        return x if rows is None else take(x, rows)
+
+    return PolicyBatch.of(
+        cut(logprobs),
+        cut(b["old"]),
+        cut(adv),
+        cut(b["mask"]),
+        is_weights=cut(b["is_weights"]),
+        ref_logprobs=cut(b["ref"]),
+    )
+
+
 def split_gradient(name: str, settings: dict[str, object], ranks: int) -> tuple[float, float]:
     """(max |grad difference|, |loss difference|) of the parts against the whole minibatch."""
     b = minibatch()
     arm = make_arm(name="a", objective=name, beta=0.04, **settings)
-    options = arm.objective_options(max_len=b["mask"].shape[1])
-    adv = b["adv_seq"] if arm.advantages == "group" else torch.where(b["mask"], b["adv_tok"], 0)
-    loss_fn = POLICY_LOSSES[name]
-
-    def run(logprobs: Tensor, rows: MicroBatch | None, **extra: object) -> Tensor:
-        def cut(x: Tensor) -> Tensor:
-            return x if rows is None else take(x, rows)
-
-        loss, _ = loss_fn(
-            cut(logprobs),
-            cut(b["old"]),
-            cut(adv),
-            cut(b["mask"]),
-            options,
-            is_weights=cut(b["is_weights"]),
-            ref_logprobs=cut(b["ref"]),
-            **extra,
-        )
-        return loss
+    max_len = b["mask"].shape[1]
+    adv = advantages_of(arm, b)
+    objective = POLICY_LOSSES[name]
 
     whole = b["logprobs"].clone().requires_grad_()
-    whole_loss = run(whole, None)
+    batch = batch_of(b, whole, adv)
+    whole_loss = reduce_loss(objective(batch, arm).loss, batch.lengths, max_len=max_len)
     whole_loss.backward()
     split = b["logprobs"].clone().requires_grad_()
     totals = LossTotals.of(b["mask"])
-    selected = loss_fn.selection(b["logprobs"], b["old"], adv, b["mask"], options)
+    selected = objective.selection(batch_of(b, b["logprobs"], adv), arm)
     split_loss = torch.zeros(())
     for part in parts_of(b["lengths"], ranks):
-        picked = None if selected is None else take(selected, part)
-        loss = run(split, part, totals=totals, selected=picked)
+        batch = batch_of(b, split, adv, part)
+        if selected is not None:
+            batch = replace(batch, selected=take(selected, part))
+        loss = reduce_loss(objective(batch, arm).loss, batch.lengths, totals, max_len)
         loss.backward()
         split_loss += loss.detach()
     assert whole.grad is not None and split.grad is not None
@@ -138,7 +157,7 @@ def test_ranks_and_their_micro_batches_give_the_minibatch_gradient(name: str, se
     assert grad_diff <= 1e-6 and loss_diff <= 1e-6, (grad_diff, loss_diff)
 
 
-def test_a_plugin_that_divides_by_the_totals_splits_exactly() -> None:
+def test_a_plugin_objective_splits_exactly() -> None:
     (info,) = load_plugins([PLUGIN])
     (name,) = info.objectives
     grad_diff, loss_diff = split_gradient(name, {}, ranks=1)
@@ -156,14 +175,10 @@ def test_value_loss_micro_batches_give_the_minibatch_gradient() -> None:
             def cut(x: Tensor, part: MicroBatch | None = part) -> Tensor:
                 return x if part is None else take(x, part)
 
-            loss, _ = value_loss(
-                cut(values),
-                cut(b["old_values"]),
-                cut(b["returns"]),
-                cut(b["mask"]),
-                clip=0.2,
-                totals=totals,
+            terms = value_loss(
+                cut(values), cut(b["old_values"]), cut(b["returns"]), cut(b["mask"]), clip=0.2
             )
+            loss = reduce_loss(terms.loss, cut(b["mask"]).sum(-1), totals)
             loss.backward()
         grads.append(values.grad)
     assert grads[0].abs().max() > 1e-3
@@ -171,16 +186,46 @@ def test_value_loss_micro_batches_give_the_minibatch_gradient() -> None:
 
 
 def test_totals_of_the_rows_themselves_change_nothing() -> None:
-    """An unsplit call with its own totals is the call without totals, bit for bit."""
+    """Unsplit terms reduced with their own totals are reduced without totals, bit for bit."""
     b = minibatch()
+    max_len = b["mask"].shape[1]
     for name, settings in ARMS:
         arm = make_arm(name="a", objective=name, **settings)
-        options = arm.objective_options(max_len=b["mask"].shape[1])
         adv = b["adv_seq"] if arm.advantages == "group" else b["adv_tok"]
-        args = (b["logprobs"], b["old"], adv, b["mask"], options)
-        plain, plain_stats = POLICY_LOSSES[name](*args)
-        given, given_stats = POLICY_LOSSES[name](*args, totals=LossTotals.of(b["mask"]))
+        batch = PolicyBatch.of(b["logprobs"], b["old"], adv, b["mask"])
+        terms = POLICY_LOSSES[name](batch, arm)
+        plain = reduce_loss(terms.loss, batch.lengths, max_len=max_len)
+        given = reduce_loss(terms.loss, batch.lengths, LossTotals.of(b["mask"]), max_len)
+        plain_stats = policy_metrics(terms, batch.mask, plain)
+        given_stats = policy_metrics(terms, batch.mask, given)
         assert torch.equal(plain, given) and plain_stats == given_stats, name
+
+
+@pytest.mark.parametrize(("name", "settings"), ARMS, ids=[a[1].get("agg", a[0]) for a in ARMS])
+def test_the_parts_kept_terms_give_the_minibatch_metrics(name: str, settings: dict) -> None:
+    """Each part's one call keeps its terms and stats; put back in the minibatch's rows they
+    give the metrics of one call on the whole minibatch (up to rounding where a part sums a row
+    or takes a transcendental at its own width): no call is made again for the stats."""
+    b = minibatch()
+    arm = make_arm(name="a", objective=name, beta=0.04, **settings)
+    max_len, adv, objective = b["mask"].shape[1], advantages_of(arm, b), POLICY_LOSSES[name]
+    batch = batch_of(b, b["logprobs"], adv)
+    terms = objective(batch, arm)
+    whole = policy_metrics(terms, batch.mask, reduce_loss(terms.loss, batch.lengths, None, max_len))
+    selected = objective.selection(batch, arm)
+    parts = parts_of(b["lengths"])
+    kept: list[PolicyTerms] = []
+    for part in parts:
+        piece = batch_of(b, b["logprobs"], adv, part)
+        if selected is not None:
+            piece = replace(piece, selected=take(selected, part))
+        kept.append(objective(piece, arm).detach())
+    totals = LossTotals.of(b["mask"])
+    shares = assemble(kept, parts, *batch.mask.shape)  # one share: positions are rows
+    loss = reduce_loss(shares.loss, batch.lengths, totals, max_len)
+    combined = policy_metrics(shares, batch.mask, loss)
+    assert combined.keys() == whole.keys()
+    assert combined == pytest.approx(whole, rel=1e-6, abs=1e-7)
 
 
 def test_ranks_get_as_many_micro_batches_each() -> None:

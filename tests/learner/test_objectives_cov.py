@@ -15,6 +15,7 @@ import math
 import pytest
 import torch
 
+from contract import metrics as M
 from learner.algorithms.objectives import clip_cov_loss, grpo_loss, kl_cov_loss
 from learner.algorithms.objectives.covariance import (
     choose_tokens,
@@ -22,7 +23,7 @@ from learner.algorithms.objectives.covariance import (
     token_covariance,
     top_tokens,
 )
-from tests.learner.objective_inputs import identical_batch, layout, leaf, opts, response
+from tests.learner.objective_inputs import identical_batch, layout, leaf, opts, response, run
 
 LN = math.log
 COV = [[1.608, -1.752, 0.048], [-2.052, 1.908]]
@@ -81,7 +82,7 @@ def test_clip_cov_draw_ignores_padding() -> None:
     for prompt, width in ((2, 12), (5, 20)):
         lp, mask = layout(rows, prompt=prompt, width=width)
         logprobs = leaf(lp)
-        clip_cov_loss(logprobs, lp, adv, mask, options)[0].backward()
+        run(clip_cov_loss, logprobs, lp, adv, mask, options)[0].backward()
         cut.append([[g == 0.0 for g in row] for row in response(logprobs.grad, mask)])
     assert cut[0] == cut[1]
     assert sum(map(sum, cut[0])) == 5  # floor(0.25 * 22) = 5 of 22 candidates
@@ -98,26 +99,26 @@ def test_clip_cov_hand_worked() -> None:
     # token 0) and 1.908 (row 1, token 1); r = 0.4 selects floor(0.4 * 5) = 2: both.
     logprobs, old, adv, mask = case([[0, 0, 0], [LN(0.5), 0]])
     options = opts("clip_cov", clip_fraction=0.4)  # eps 1, 1: no PPO clip engages here
-    loss, stats = clip_cov_loss(logprobs, old, adv, mask, options)
+    loss, stats = run(clip_cov_loss, logprobs, old, adv, mask, options)
     loss.backward()
     # Terms -A r: (0 selected, -2, -2) | (-(-1) 0.5 = 0.5, 0 selected); token mean over 5:
     assert loss.item() == pytest.approx(-3.5 / 5, rel=1e-6)
     # dL/dlogpi = -A r / 5 on kept tokens: -0.4, -0.4 | 0.1; 0 on selected ones.
     assert_rows(response(logprobs.grad, mask), [[0.0, -0.4, -0.4], [0.1, 0.0]])
     # Selected tokens are cut at any ratio, so clip_frac counts the PPO clip only: none here.
-    assert stats["clip_frac"] == 0.0 and stats["ratio_min"] == pytest.approx(0.5)
+    assert stats[M.POLICY_CLIP_FRAC] == 0.0 and stats[M.POLICY_RATIO_MIN] == pytest.approx(0.5)
 
 
 def test_clip_cov_ppo_clipped_tokens_are_not_candidates() -> None:
     # Row 0 token 0 (Cov 1.608) moves to r = 3 > 1 + 1 with A > 0: PPO clips it (gradient 0),
     # so only row 1 token 1 is a candidate; r = 0.4 asks for 2 tokens and gets that one.
     logprobs, old, adv, mask = case([[LN(3.0), 0, 0], [0, 0]])
-    loss, stats = clip_cov_loss(logprobs, old, adv, mask, opts("clip_cov", clip_fraction=0.4))
+    loss, stats = run(clip_cov_loss, logprobs, old, adv, mask, opts("clip_cov", clip_fraction=0.4))
     loss.backward()
     # Terms: -2 * clip(3, 0, 2) = -4, -2, -2 | 1, 0 (selected): (-8 + 1) / 5
     assert loss.item() == pytest.approx(-7 / 5, rel=1e-6)
     assert_rows(response(logprobs.grad, mask), [[0.0, -0.4, -0.4], [0.2, 0.0]])
-    assert stats["clip_frac"] == pytest.approx(0.2) == stats["clip_frac_high"]
+    assert stats[M.POLICY_CLIP_FRAC] == pytest.approx(0.2) == stats[M.POLICY_CLIP_FRAC_HIGH]
 
 
 def test_clip_cov_draws_one_of_the_candidates_reproducibly() -> None:
@@ -126,7 +127,7 @@ def test_clip_cov_draws_one_of_the_candidates_reproducibly() -> None:
     for _ in range(2):
         logprobs, old, adv, mask = case([[0, 0, 0], [0, 0]])
         options = opts("clip_cov", clip_fraction=0.2)
-        clip_cov_loss(logprobs, old, adv, mask, options)[0].backward()
+        run(clip_cov_loss, logprobs, old, adv, mask, options)[0].backward()
         grads.append(logprobs.grad)
     assert torch.equal(grads[0], grads[1])
     cut = (grads[0] == 0) & mask
@@ -140,9 +141,9 @@ def test_clip_cov_without_selected_tokens_is_the_token_mean_surrogate(overrides:
     weights = torch.rand(lp.shape, generator=torch.Generator().manual_seed(3)) + 0.5
     a, b = leaf(lp), leaf(lp)
     cc_opts = opts("clip_cov", eps_low=0.2, eps_high=0.28, **overrides)
-    cc, cc_stats = clip_cov_loss(a, old, adv, mask, cc_opts, is_weights=weights)
+    cc, cc_stats = run(clip_cov_loss, a, old, adv, mask, cc_opts, is_weights=weights)
     grpo_opts = opts("grpo", eps_low=0.2, eps_high=0.28, agg="token-mean")
-    grpo, grpo_stats = grpo_loss(b, old, adv, mask, grpo_opts, is_weights=weights)
+    grpo, grpo_stats = run(grpo_loss, b, old, adv, mask, grpo_opts, is_weights=weights)
     (cc + grpo).backward()
     assert cc.item() == pytest.approx(grpo.item(), rel=1e-6)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
@@ -153,21 +154,23 @@ def test_kl_cov_hand_worked() -> None:
     # Ratios 1, 1, 1 | 0.5, 2. k = 0.2: floor(0.2 * 5) = 1 token, the top Cov: 1.908 (row 1,
     # token 1), which takes beta |log 2| with beta = 1.
     logprobs, old, adv, mask = case([[0, 0, 0], [LN(0.5), LN(2.0)]])
-    loss, stats = kl_cov_loss(logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
+    loss, stats = run(kl_cov_loss, logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
     loss.backward()
     # Terms -A r (+ penalty): -2, -2, -2 | 0.5, 2 + ln 2; token mean over 5:
     assert loss.item() == pytest.approx((-6 + 0.5 + 2 + LN(2.0)) / 5, rel=1e-6)
     # dL/dlogpi = (-A r + beta sign(l) on the selected token) / 5: -0.4 x 3 | 0.1, (2 + 1) / 5
     assert_rows(response(logprobs.grad, mask), [[-0.4, -0.4, -0.4], [0.1, 0.6]])
     # KL-Cov clips nothing: the penalised share is set by k (and kl_old shows the move).
-    assert stats["clip_frac"] == stats["clip_frac_seq"] == 0.0
-    assert stats["kl_old"] == pytest.approx((0.5 - 1 - LN(0.5) + 2 - 1 - LN(2.0)) / 5, rel=1e-6)
+    assert stats[M.POLICY_CLIP_FRAC] == stats[M.POLICY_CLIP_FRAC_SEQ] == 0.0
+    assert stats[M.POLICY_KL_OLD] == pytest.approx(
+        (0.5 - 1 - LN(0.5) + 2 - 1 - LN(2.0)) / 5, rel=1e-6
+    )
 
 
 def test_kl_cov_penalty_pulls_a_lowered_token_back_up() -> None:
     # Same selection with the selected token at r = 0.5: penalty ln 2, gradient -beta / 5.
     logprobs, old, adv, mask = case([[0, 0, 0], [0, LN(0.5)]])
-    loss, _ = kl_cov_loss(logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
+    loss, _ = run(kl_cov_loss, logprobs, old, adv, mask, opts("kl_cov", kl_fraction=0.2))
     loss.backward()
     # Terms: -2 x 3 | 1, 0.5 + ln 2; gradient of the selected token (0.5 - 1) / 5 = -0.1
     assert loss.item() == pytest.approx((-6 + 1 + 0.5 + LN(2.0)) / 5, rel=1e-6)
@@ -179,10 +182,10 @@ def test_kl_cov_without_penalty_is_the_plain_surrogate(overrides: dict) -> None:
     lp, mask, adv = identical_batch()
     old = lp + 0.3 * torch.randn(lp.shape, generator=torch.Generator().manual_seed(2))
     a, b = leaf(lp), leaf(lp)
-    kl, kl_stats = kl_cov_loss(a, old, adv, mask, opts("kl_cov", **overrides))
+    kl, kl_stats = run(kl_cov_loss, a, old, adv, mask, opts("kl_cov", **overrides))
     # GRPO's token-mean surrogate with a clip range that never engages: -A r.
     wide = opts("grpo", eps_low=50.0, eps_high=50.0, agg="token-mean")
-    grpo, grpo_stats = grpo_loss(b, old, adv, mask, wide)
+    grpo, grpo_stats = run(grpo_loss, b, old, adv, mask, wide)
     (kl + grpo).backward()
     assert kl.item() == pytest.approx(grpo.item(), rel=1e-6)
     torch.testing.assert_close(a.grad, b.grad, rtol=1e-6, atol=0)
@@ -191,7 +194,7 @@ def test_kl_cov_without_penalty_is_the_plain_surrogate(overrides: dict) -> None:
 
 def test_options_of_the_wrong_kind_are_refused() -> None:
     lp, mask, adv = identical_batch()
-    with pytest.raises(TypeError, match="clip_cov_loss needs ClipCovOptions"):
-        clip_cov_loss(lp, lp, adv, mask, opts("grpo"))
-    with pytest.raises(TypeError, match="kl_cov_loss needs KLCovOptions"):
-        kl_cov_loss(lp, lp, adv, mask, opts("grpo"))
+    with pytest.raises(TypeError, match="clip_cov_loss needs ClipCovSettings"):
+        run(clip_cov_loss, lp, lp, adv, mask, opts("grpo"))
+    with pytest.raises(TypeError, match="kl_cov_loss needs KLCovSettings"):
+        run(kl_cov_loss, lp, lp, adv, mask, opts("grpo"))

@@ -11,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
-from learner.algorithms.objectives import value_loss
-from tests.learner.objective_inputs import loss_of, opts
+from tests.learner.objective_inputs import opts, run, run_value
 
 # (name, option overrides, whether advantages are per token)
 VARIANTS: list[tuple[str, dict, bool]] = [
@@ -50,14 +49,20 @@ def _batch(
     }
 
 
+def _settings(name: str, kwargs: dict, **more: object) -> tuple[object, int | None]:
+    """(the arm's settings, the reducer's max_len): max_len is no arm setting."""
+    settings = {key: value for key, value in kwargs.items() if key != "max_len"}
+    return opts(name, **settings, **more), kwargs.get("max_len")
+
+
 def _run(
     name: str, kwargs: dict, per_token: bool, b: dict[str, Tensor], extras: bool
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     logprobs = b["logprobs"].clone().requires_grad_()
     adv = b["token_adv"] if per_token else b["adv"]
     tensors = {"is_weights": b["weights"], "ref_logprobs": b["ref"]} if extras else {}
-    options = opts(name, **kwargs, beta=0.05 if extras else 0.0)
-    loss, stats = loss_of(name)(logprobs, b["old"], adv, b["mask"], options, **tensors)
+    options, max_len = _settings(name, kwargs, beta=0.05 if extras else 0.0)
+    loss, stats = run(name, logprobs, b["old"], adv, b["mask"], options, max_len=max_len, **tensors)
     loss.backward()
     return loss.detach(), logprobs.grad, stats
 
@@ -100,11 +105,11 @@ def test_padding_changes_nothing(name: str, kwargs: dict, per_token: bool, extra
 def test_value_loss_padding_changes_nothing() -> None:
     b = _batch(lengths=[3, 1, 6], prompt=[2, 4, 0], width=8, seed=2)
     values = b["logprobs"].clone().requires_grad_()
-    loss, stats = value_loss(values, b["old"], b["token_adv"], b["mask"])
+    loss, stats = run_value(values, b["old"], b["token_adv"], b["mask"])
     loss.backward()
     p = _pad(b, extra_cols=3, seed=4)
     values_p = p["logprobs"].clone().requires_grad_()
-    loss_p, stats_p = value_loss(values_p, p["old"], p["token_adv"], p["mask"])
+    loss_p, stats_p = run_value(values_p, p["old"], p["token_adv"], p["mask"])
     loss_p.backward()
     assert loss_p.item() == pytest.approx(loss.item(), rel=1e-6)
     torch.testing.assert_close(values_p.grad[:3, :8], values.grad)
@@ -150,9 +155,11 @@ def test_property_finite_for_any_finite_input(
     lp, old, ref, adv = (torch.tensor(col).view(2, 3) for col in zip(*values, strict=True))
     mask = torch.arange(3)[None, :] < torch.tensor(lengths)[:, None]
     logprobs = lp.clone().requires_grad_()
-    options = opts(name, **kwargs, beta=0.1, kl_estimator=estimator)
+    options, max_len = _settings(name, kwargs, beta=0.1, kl_estimator=estimator)
     advantages = adv if per_token else adv[:, 0]
-    loss, stats = loss_of(name)(logprobs, old, advantages, mask, options, ref_logprobs=ref)
+    loss, stats = run(
+        name, logprobs, old, advantages, mask, options, ref_logprobs=ref, max_len=max_len
+    )
     loss.backward()
     assert math.isfinite(loss.item())
     assert torch.isfinite(logprobs.grad).all()

@@ -10,7 +10,12 @@ import torch
 from torch import Tensor
 
 from contract import metrics as M
-from tests.learner.objective_inputs import NAMES, layout, loss_of, opts
+from tests.learner.objective_inputs import (
+    NAMES,
+    layout,
+    opts,
+    run,
+)
 
 # Rows l = (0.2, 0.0), (-0.3, 0.0, 0.0) and an empty row, against old logprobs 0:
 #   per-token r = e^0.2 = 1.221402758, 1; e^-0.3 = 0.740818221, 1, 1
@@ -31,19 +36,19 @@ OWN_UNITS = {
 def _stats(name: str, lp: Tensor, mask: Tensor) -> dict[str, float]:
     old = torch.where(mask, 0.0, 3.0)
     adv = torch.where(mask, 1.0, 0.0) if name == "ppo" else torch.ones(mask.shape[0])
-    return loss_of(name)(lp, old, adv, mask, opts(name))[1]
+    return run(name, lp, old, adv, mask, opts(name))[1]
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_hand_worked_ratio_statistics(name: str) -> None:
     lp, mask = layout([[0.2, 0.0], [-0.3, 0.0, 0.0], []])
     stats = _stats(name, lp, mask)
-    assert stats["ratio_seq_mean"] == pytest.approx(SEQ_MEAN, rel=1e-6)
-    assert stats["ratio_token_mean"] == pytest.approx(TOKEN_MEAN, rel=1e-6)
+    assert stats[M.POLICY_RATIO_SEQ_MEAN] == pytest.approx(SEQ_MEAN, rel=1e-6)
+    assert stats[M.POLICY_RATIO_TOKEN_MEAN] == pytest.approx(TOKEN_MEAN, rel=1e-6)
     mean, low, high = OWN_UNITS[name]
-    assert stats["ratio_mean"] == pytest.approx(mean, rel=1e-6)
-    assert stats["ratio_min"] == pytest.approx(low, rel=1e-6)
-    assert stats["ratio_max"] == pytest.approx(high, rel=1e-6)
+    assert stats[M.POLICY_RATIO_MEAN] == pytest.approx(mean, rel=1e-6)
+    assert stats[M.POLICY_RATIO_MIN] == pytest.approx(low, rel=1e-6)
+    assert stats[M.POLICY_RATIO_MAX] == pytest.approx(high, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -52,8 +57,8 @@ def test_sequence_mean_weighs_sequences_token_mean_weighs_tokens(name: str) -> N
     #   sequences: (2 + 1) / 2 = 1.5;  tokens: (2 + 1 + 1 + 1) / 4 = 1.25
     lp, mask = layout([[math.log(2.0)], [0.0, 0.0, 0.0]])
     stats = _stats(name, lp, mask)
-    assert stats["ratio_seq_mean"] == pytest.approx(1.5, rel=1e-6)
-    assert stats["ratio_token_mean"] == pytest.approx(1.25, rel=1e-6)
+    assert stats[M.POLICY_RATIO_SEQ_MEAN] == pytest.approx(1.5, rel=1e-6)
+    assert stats[M.POLICY_RATIO_TOKEN_MEAN] == pytest.approx(1.25, rel=1e-6)
 
 
 def test_sequence_ratio_is_the_geometric_mean_of_token_ratios() -> None:
@@ -61,8 +66,8 @@ def test_sequence_ratio_is_the_geometric_mean_of_token_ratios() -> None:
     # below the token mean 1.025 (AM >= GM).
     lp, mask = layout([[math.log(1.5), math.log(0.5), math.log(1.1), 0.0]])
     stats = _stats("grpo", lp, mask)
-    assert stats["ratio_seq_mean"] == pytest.approx(0.953045175, rel=1e-6)
-    assert stats["ratio_token_mean"] == pytest.approx(1.025, rel=1e-6)
+    assert stats[M.POLICY_RATIO_SEQ_MEAN] == pytest.approx(0.953045175, rel=1e-6)
+    assert stats[M.POLICY_RATIO_TOKEN_MEAN] == pytest.approx(1.025, rel=1e-6)
 
 
 def test_gspo_ratio_mean_is_the_sequence_mean_and_grpo_the_token_mean() -> None:
@@ -71,13 +76,17 @@ def test_gspo_ratio_mean_is_the_sequence_mean_and_grpo_the_token_mean() -> None:
     lp, mask = layout(rows)
     lp = lp + torch.where(mask, 0.05 * torch.randn(lp.shape, generator=gen), 0.0)
     gspo, grpo = _stats("gspo", lp, mask), _stats("grpo", lp, mask)
-    assert gspo["ratio_mean"] == pytest.approx(gspo["ratio_seq_mean"], rel=1e-6)
-    assert grpo["ratio_mean"] == grpo["ratio_token_mean"]
+    assert gspo[M.POLICY_RATIO_MEAN] == pytest.approx(gspo[M.POLICY_RATIO_SEQ_MEAN], rel=1e-6)
+    assert grpo[M.POLICY_RATIO_MEAN] == grpo[M.POLICY_RATIO_TOKEN_MEAN]
     # Both means depend on the log-ratios alone, not on the objective.
     for name in ("gspo_token", "ppo", "gspo"):
         other = _stats(name, lp, mask)
-        assert other["ratio_seq_mean"] == pytest.approx(grpo["ratio_seq_mean"], rel=1e-6)
-        assert other["ratio_token_mean"] == pytest.approx(grpo["ratio_token_mean"], rel=1e-6)
+        assert other[M.POLICY_RATIO_SEQ_MEAN] == pytest.approx(
+            grpo[M.POLICY_RATIO_SEQ_MEAN], rel=1e-6
+        )
+        assert other[M.POLICY_RATIO_TOKEN_MEAN] == pytest.approx(
+            grpo[M.POLICY_RATIO_TOKEN_MEAN], rel=1e-6
+        )
 
 
 def test_ratio_means_are_registered_metrics() -> None:

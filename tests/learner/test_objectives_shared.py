@@ -10,17 +10,12 @@ from typing import get_args
 import pytest
 import torch
 
+from contract import metrics as M
 from learner.algorithms.objectives import clipped_surrogate
 from learner.config import make_arm
 from learner.vocabulary import Objective
-from tests.learner.objective_inputs import (
-    identical_batch,
-    layout,
-    leaf,
-    loss_of,
-    opts,
-    response,
-)
+from tests.learner import objective_inputs
+from tests.learner.objective_inputs import identical_batch, layout, leaf, opts, response, run
 
 LN = math.log
 ALL_OBJECTIVES = get_args(Objective)  # the properties every objective shares, built-in or zoo
@@ -33,10 +28,10 @@ def test_kl_reference_term_added_with_beta(name: str) -> None:
     ref = lp + LN(2.0)  # log r = log ref - log pi = ln 2 on every token: k3 = 2 - 1 - ln 2
     arm = make_arm(name="a", objective=name)
     adv = torch.zeros_like(lp) if arm.advantages == "gae" else torch.zeros(2)
-    loss, stats = loss_of(name)(logprobs, lp, adv, mask, opts(name, beta=0.1), ref_logprobs=ref)
+    loss, stats = run(name, logprobs, lp, adv, mask, opts(name, beta=0.1), ref_logprobs=ref)
     loss.backward()
     # A = 0, so the loss is 0.1 * k3 = 0.1 * 0.306852819 under every aggregation.
-    assert stats["kl_ref"] == pytest.approx(0.306852819, rel=1e-6)
+    assert stats[M.POLICY_KL_REF] == pytest.approx(0.306852819, rel=1e-6)
     assert loss.item() == pytest.approx(0.0306852819, rel=1e-6)
     # d k3 / d log pi = 1 - r = -1, times beta and the aggregation weight of each token: a
     # token mean (PPO, CISPO, Clip-Cov, KL-Cov) or a mean of sequence means (the others).
@@ -46,8 +41,8 @@ def test_kl_reference_term_added_with_beta(name: str) -> None:
     got = response(logprobs.grad, mask)
     for got_row, want_row in zip(got, expected, strict=True):
         assert got_row == pytest.approx(want_row, rel=1e-6)
-    _, stats = loss_of(name)(lp, lp, adv, mask, opts(name), ref_logprobs=ref)  # beta 0: measured
-    assert stats["kl_ref"] == pytest.approx(0.306852819, rel=1e-6)
+    _, stats = run(name, lp, lp, adv, mask, opts(name), ref_logprobs=ref)  # beta 0: measured
+    assert stats[M.POLICY_KL_REF] == pytest.approx(0.306852819, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ALL_OBJECTIVES)
@@ -56,13 +51,11 @@ def test_bf16_inputs_give_float32_loss(name: str) -> None:
     old = (lp + 0.05).bfloat16()
     adv = torch.ones_like(lp) if name == "ppo" else adv
     low = leaf(lp.bfloat16())
-    loss, _ = loss_of(name)(low, old, adv.bfloat16(), mask, opts(name))
+    loss, _ = run(name, low, old, adv.bfloat16(), mask, opts(name))
     loss.backward()
     assert loss.dtype == torch.float32 and low.grad.dtype == torch.bfloat16
     # Same as computing in float32 from the bf16-rounded values.
-    ref, _ = loss_of(name)(
-        low.detach().float(), old.float(), adv.bfloat16().float(), mask, opts(name)
-    )
+    ref, _ = run(name, low.detach().float(), old.float(), adv.bfloat16().float(), mask, opts(name))
     assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
 
 
@@ -71,14 +64,14 @@ def test_batch_without_response_tokens_gives_zero_loss_with_graph(name: str) -> 
     lp = leaf(torch.full((2, 4), -1.0))
     mask = torch.zeros(2, 4, dtype=torch.bool)
     adv = torch.ones(2, 4) if name == "ppo" else torch.ones(2)
-    loss, stats = loss_of(name)(lp, lp.detach() + 3.0, adv, mask, opts(name))
+    loss, stats = run(name, lp, lp.detach() + 3.0, adv, mask, opts(name))
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
     assert torch.all(lp.grad == 0)
     assert all(math.isfinite(v) for v in stats.values())
-    for key in ("ratio_mean", "ratio_min", "ratio_max", "ratio_seq_mean", "ratio_token_mean"):
+    for key in objective_inputs.RATIO_METRICS:
         assert stats[key] == 1.0, key
-    assert stats["clip_frac"] == 0.0
+    assert stats[M.POLICY_CLIP_FRAC] == 0.0
 
 
 def test_clipped_surrogate_gradient_matches_autograd_reference() -> None:

@@ -11,16 +11,16 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from learner.algorithms.options import ClipCovOptions, KLCovOptions, SAPOOptions
+from learner.algorithms.objectives import ClipCovSettings, KLCovSettings, SAPOSettings
 from learner.config import ArmConfig, make_arm
 from tests.learner.objective_inputs import (
-    STAT_KEYS,
+    assert_identical_policy_stats,
     identical_batch,
     layout,
     leaf,
-    loss_of,
     opts,
     response,
+    run,
 )
 
 ZOO = ["cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
@@ -30,13 +30,10 @@ ZOO = ["cispo", "sapo", "gmpo", "clip_cov", "kl_cov"]
 def test_identical_policies_ratio_one_nothing_clipped(name: str) -> None:
     lp, mask, adv = identical_batch()
     logprobs = leaf(lp)
-    loss, stats = loss_of(name)(logprobs, lp.clone(), adv, mask, opts(name))
+    loss, stats = run(name, logprobs, lp.clone(), adv, mask, opts(name))
     loss.backward()
-    assert loss.dtype == torch.float32 and set(stats) == STAT_KEYS
-    for key in ("ratio_mean", "ratio_min", "ratio_max", "ratio_seq_mean", "ratio_token_mean"):
-        assert stats[key] == 1.0, key
-    for key in ("clip_frac", "clip_frac_seq", "clip_frac_low", "clip_frac_high", "kl_old"):
-        assert stats[key] == 0.0, key
+    assert loss.dtype == torch.float32
+    assert_identical_policy_stats(stats)
     assert torch.all(logprobs.grad[~mask] == 0) and torch.all(torch.isfinite(logprobs.grad))
 
 
@@ -53,7 +50,7 @@ def test_padding_and_prompt_slots_change_nothing(name: str) -> None:
         weights, _ = layout([[0.9, 1.1, 1.0], [0.7], [1.2, 0.8]], prompt, width, math.nan)
         logprobs = leaf(lp)
         old = torch.where(mask, lp - l_rows, junk)
-        loss, stats = loss_of(name)(logprobs, old, adv, mask, opts(name), is_weights=weights)
+        loss, stats = run(name, logprobs, old, adv, mask, opts(name), is_weights=weights)
         loss.backward()
         assert torch.all(logprobs.grad[~mask] == 0)
         results.append((loss.item(), response(logprobs.grad, mask), stats))
@@ -70,28 +67,37 @@ def test_far_off_policy_tokens_stay_finite(name: str) -> None:
     lp, mask = layout([[-87.3, -0.5], [-0.2]])
     old, _ = layout([[-0.4, -87.3], [-0.3]])
     logprobs = leaf(lp)
-    loss, stats = loss_of(name)(logprobs, old, torch.tensor([1.0, -1.0]), mask, opts(name))
+    loss, stats = run(name, logprobs, old, torch.tensor([1.0, -1.0]), mask, opts(name))
     loss.backward()
     assert math.isfinite(loss.item()) and torch.all(torch.isfinite(logprobs.grad))
     assert all(math.isfinite(v) for v in stats.values())
 
 
-def test_arms_build_their_options() -> None:
-    sapo = make_arm(name="s", objective="sapo", tau_neg=2.0).objective_options(16)
-    assert sapo == SAPOOptions(
-        eps_low=math.inf, eps_high=math.inf, agg="seq-mean-token-mean", tau_pos=1.0, tau_neg=2.0
-    )
-    clip_cov = make_arm(name="c", objective="clip_cov", beta=0.1).objective_options(16)
-    assert clip_cov == ClipCovOptions(
-        eps_low=1.0, eps_high=1.0, agg="token-mean", beta=0.1,
-        clip_fraction=2e-4, cov_low=1.0, cov_high=5.0,
+def _read(settings: object, *names: str) -> tuple:
+    return tuple(getattr(settings, name) for name in names)
+
+
+SHARED = ("eps_low", "eps_high", "aggregation", "beta", "kl_estimator")
+
+
+def test_arms_are_the_settings_their_objectives_read() -> None:
+    sapo = make_arm(name="s", objective="sapo", tau_neg=2.0)
+    assert isinstance(sapo, SAPOSettings)
+    assert _read(sapo, *SHARED, "tau_pos", "tau_neg") == (
+        math.inf, math.inf, "seq-mean-token-mean", 0.0, "k3", 1.0, 2.0,
     )  # fmt: skip
-    kl_cov = make_arm(name="k", objective="kl_cov").objective_options(16)
-    assert kl_cov == KLCovOptions(
-        eps_low=math.inf, eps_high=math.inf, agg="token-mean", kl_fraction=2e-3, kl_coef=1.0
-    )
-    gmpo = make_arm(name="g", objective="gmpo", eps_high=0.6).objective_options(16)
-    assert (gmpo.eps_low, gmpo.eps_high, gmpo.agg) == (0.4, 0.6, "seq-mean-token-mean")
+    clip_cov = make_arm(name="c", objective="clip_cov", beta=0.1)
+    assert isinstance(clip_cov, ClipCovSettings)
+    assert _read(clip_cov, *SHARED, "clip_fraction", "cov_low", "cov_high") == (
+        1.0, 1.0, "token-mean", 0.1, "k3", 2e-4, 1.0, 5.0,
+    )  # fmt: skip
+    kl_cov = make_arm(name="k", objective="kl_cov")
+    assert isinstance(kl_cov, KLCovSettings)
+    assert _read(kl_cov, *SHARED, "kl_fraction", "kl_coef") == (
+        math.inf, math.inf, "token-mean", 0.0, "k3", 2e-3, 1.0,
+    )  # fmt: skip
+    gmpo = make_arm(name="g", objective="gmpo", eps_high=0.6)
+    assert _read(gmpo, "eps_low", "eps_high", "aggregation") == (0.4, 0.6, "seq-mean-token-mean")
 
 
 @pytest.mark.parametrize(("name", "hint"), [("sapo", "tau_pos/tau_neg"), ("kl_cov", "kl_coef")])

@@ -14,10 +14,11 @@ from contract import metrics as M
 from contract.record import read_trial_record
 from harness.config import ConfigError, validate_config
 from harness.provenance import provenance
-from learner.algorithms.objectives import POLICY_LOSSES
+from learner.algorithms.objectives import POLICY_LOSSES, POLICY_METRICS
 from learner.config import ARM_MODELS, make_arm
-from learner.plugins import POLICY_STAT_KEYS, PluginError, load_plugins
+from learner.plugins import PluginError, load_plugins
 from tests.harness.trial_helpers import REPO, metrics, run_trial
+from tests.learner.objective_inputs import run
 from tests.learner.registries import restored_registries
 
 EXAMPLE = REPO / "examples" / "clipped_reinforce.py"
@@ -61,27 +62,26 @@ def test_example_loss_by_hand() -> None:
       loss = -(1/3) (1 (l00 + l01) - 0.5 l10) = -(1/3) (1 (-1 - 2) - 0.5 (-0.5)) = 0.916667
       d loss / d l = -keep A / N = (-1/3, -1/3 | +1/6)."""
     load_plugins([str(EXAMPLE)])
-    loss_fn = POLICY_LOSSES["clipped_reinforce"]
-    options = make_arm(name="c", objective="clipped_reinforce").objective_options(max_len=2)
+    objective = POLICY_LOSSES["clipped_reinforce"]
+    arm = make_arm(name="c", objective="clipped_reinforce")
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, 9.0]], requires_grad=True)  # 9.0: padding
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
     adv = torch.tensor([1.0, -0.5])
-    loss, stats = loss_fn(logprobs, logprobs.detach(), adv, mask, options)
+    loss, stats = run(objective, logprobs, logprobs.detach(), adv, mask, arm, max_len=2)
     loss.backward()
     assert loss.item() == pytest.approx(0.916667, abs=1e-6)
     torch.testing.assert_close(logprobs.grad, torch.tensor([[-1 / 3, -1 / 3], [1 / 6, 0.0]]))
-    assert set(stats) == POLICY_STAT_KEYS and stats["clip_frac"] == 0.0
+    assert set(stats) == POLICY_METRICS and stats[M.POLICY_CLIP_FRAC] == 0.0
     # Token (0, 0) has moved past the range its advantage pushes: old -1.5, ratio e^0.5 = 1.65
     # > 1 + 0.2, A > 0: masked. loss = -(1/3) (1 (-2) - 0.5 (-0.5)) = 0.583333, its grad 0.
     logprobs.grad = None
     old = torch.tensor([[-1.5, -2.0], [-0.5, 0.0]])
-    loss, stats = loss_fn(logprobs, old, adv, mask, options)
+    loss, stats = run(objective, logprobs, old, adv, mask, arm, max_len=2)
     loss.backward()
     assert loss.item() == pytest.approx(0.583333, abs=1e-6)
     torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, -1 / 3], [1 / 6, 0.0]]))
-    assert (
-        stats["clip_frac"] == pytest.approx(1 / 3) and stats["clip_frac_high"] == stats["clip_frac"]
-    )
+    assert stats[M.POLICY_CLIP_FRAC] == pytest.approx(1 / 3)
+    assert stats[M.POLICY_CLIP_FRAC_HIGH] == stats[M.POLICY_CLIP_FRAC]
 
 
 def test_plugin_is_recorded_and_part_of_the_config_hash(tmp_path: Path) -> None:
@@ -108,16 +108,29 @@ BROKEN = {
         "@register_objective(arm=Arm)\ndef loss(logprobs, old, adv, mask, options):\n    pass\n",
         "has parameters",
     ),
-    "stats": (
-        "@register_objective(arm=Arm)\n@PolicyLoss\ndef loss(batch, advantages, options):\n"
+    "result": (
+        "@register_objective(arm=Arm)\ndef loss(batch, settings):\n"
         "    return (batch.logprobs.sum() * 0.0, {'loss': 0.0})\n",
+        "must return PolicyTerms",
+    ),
+    "stats": (
+        "@register_objective(arm=Arm)\ndef loss(batch, settings):\n"
+        "    t = policy_terms(batch, settings, batch.log_ratio, 'token-mean',\n"
+        "                     ratio=batch.log_ratio.exp(), clipped=batch.lengths * 0.0)\n"
+        "    return t\n",
         "stats lack",
     ),
-    "clash": ("@register_objective(arm=Grpo)\n@PolicyLoss\ndef loss(b, a, o):\n    pass\n", ""),
+    "no_gradient": (
+        "@register_objective(arm=Arm)\ndef loss(batch, settings):\n"
+        "    t = batch.log_ratio.detach()\n"
+        "    return policy_terms(batch, settings, t, 'token-mean', ratio=t.exp(), clipped=t * 0)\n",
+        "with a gradient",
+    ),
+    "clash": ("@register_objective(arm=Grpo)\ndef loss(batch, settings):\n    pass\n", ""),
 }
 HEADER = (
     "from typing import Literal\nfrom pydantic import Field\n"
-    "from learner.algorithms.objectives import PolicyLoss\n"
+    "from learner.algorithms.objectives import policy_terms\n"
     "from learner.config import GroupArm, GRPOArm as Grpo\n"
     "from learner.plugins import register_objective\n"
     "class Arm(GroupArm):\n    fixed_aggregation = 'token-mean'\n"
@@ -151,6 +164,7 @@ def test_a_missing_plugin_file_or_module_is_named(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_example_plugin_arm_trains_in_a_real_trial(tmp_path: Path) -> None:
     """The worked example in a real trial (generator, Redis, learner): metrics, and the trial's
     provenance names the plugin."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from buffer.streams import VersionRegistry
-from learner.runtime.loop import publish_unless_done
+from learner.runtime.published import publish_unless_done
 
 
 def test_republishing_an_older_version_is_skipped(redis_server) -> None:

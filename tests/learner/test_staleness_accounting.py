@@ -1,4 +1,4 @@
-"""Staleness accounting (learner.runtime.staleness_accounting): per-group times and the drop
+"""Staleness accounting (learner.runtime.step_metrics): per-group times and the drop
 bias."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from buffer.streams import Delivery
 from contract import metrics as M
-from learner.runtime.staleness_accounting import entry_time, group_timing, staleness_metrics
+from learner.runtime.step_metrics import entry_time, group_timing, staleness_metrics
 from tests.buffer.factories import make_group
 
 START = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

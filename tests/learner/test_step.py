@@ -30,10 +30,9 @@ def on_policy_groups(model, n_groups: int):
     return random_groups(n_groups, GROUP_SIZE, seed=1, with_logprobs=logprobs)
 
 
-@pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "ppo"])
-def test_one_step_per_arm(tmp_path, objective: str) -> None:
-    model_dir = save_tiny_policy(tmp_path / "model")
-    arm = make_arm(name=objective, objective=objective)
+def one_step(model_dir, objective: str, **settings):
+    """One step of a fresh arm on 4 on-policy groups: (result, weights before, weights after)."""
+    arm = make_arm(name=objective, objective=objective, **settings)
     cfg = LearnerConfig(prompts_per_step=4, minibatches=2, lr=1e-2, old_logprobs="recompute")
     models = build_step_models(model_dir, arm, cfg, total_steps=3)
     before = [p.detach().clone() for p in models.policy.module.parameters()]
@@ -41,6 +40,12 @@ def test_one_step_per_arm(tmp_path, objective: str) -> None:
     result = train_on_batch(
         models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0
     )
+    return result, before, list(models.policy.module.parameters())
+
+
+@pytest.mark.parametrize("objective", ["gspo", "gspo_token", "grpo", "ppo"])
+def test_one_step_per_arm(tmp_path, objective: str) -> None:
+    result, before, after = one_step(save_tiny_policy(tmp_path / "model"), objective)
     m = result.metrics
     # Every row was sampled by the current version: no staleness gap to measure.
     assert math.isnan(m.pop(M.STALENESS_KL_BEHAVIOR))
@@ -54,7 +59,6 @@ def test_one_step_per_arm(tmp_path, objective: str) -> None:
     assert m["mismatch/kl_behavior"] < 1e-6
     assert abs(m[M.OFFPOLICY_WEIGHT_MEAN] - 1.0) < 1e-5
     assert abs(m[M.OFFPOLICY_ESS_FRAC] - 1.0) < 1e-6
-    after = list(models.policy.module.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
     if objective == "ppo":
         assert "value/loss" in m and "value/explained_var" in m

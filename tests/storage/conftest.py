@@ -1,5 +1,5 @@
-"""The buffer tests' fixtures (a checked client, a buffer with short timeouts), shared."""
+"""The buffer tests' fixtures (a checked client, both sides of a buffer), shared."""
 
-from tests.buffer.conftest import buffer, client
+from tests.buffer.conftest import client, consumer, producer
 
-__all__ = ["buffer", "client"]
+__all__ = ["client", "consumer", "producer"]

@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from buffer.connection import RunKeys
-from buffer.rollout_buffer import RolloutBuffer
+from buffer.consumer import RolloutConsumer
+from buffer.producer import RolloutProducer
 from contract.layout import (
     CHECKPOINTS_DIR,
     METRICS_DIR,
@@ -129,21 +130,25 @@ def pending(client: redis.Redis) -> int:
     return int(client.xinfo_groups(KEYS.stream)[0]["pending"])
 
 
-def take_two(buffer: RolloutBuffer | UploadBeforeAck) -> list:
+def take_two(producer: RolloutProducer, buffer: RolloutConsumer | UploadBeforeAck) -> list:
     for prompt in range(2):
-        buffer.push(make_group(prompt), batch_index=0)
+        producer.push(make_group(prompt), batch_index=0)
     return buffer.take_batch(0, 2, consumer="learner", timeout_s=2)
 
 
 def test_commit_uploads_the_checkpoint_then_acks(
-    buffer: RolloutBuffer, client: redis.Redis, s3_uri: str, tmp_path: Path
+    producer: RolloutProducer,
+    consumer: RolloutConsumer,
+    client: redis.Redis,
+    s3_uri: str,
+    tmp_path: Path,
 ) -> None:
     """After a commit, Redis has let go of the groups, so the bucket must already hold the
     checkpoint that records them: a resume elsewhere then neither loses nor repeats them."""
     local = tmp_path / TRIAL
     storage = Storage(s3_uri, tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(buffer, TrialSync(storage, TRIAL, local))
-    deliveries = take_two(learner_buffer)  # the wrapper passes everything else through
+    learner_buffer = UploadBeforeAck(consumer, TrialSync(storage, TRIAL, local))
+    deliveries = take_two(producer, learner_buffer)  # the wrapper passes everything else through
     assert pending(client) == 2
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
     write(local, f"{METRICS_DIR}/part-000001.parquet", "metrics")
@@ -154,26 +159,30 @@ def test_commit_uploads_the_checkpoint_then_acks(
     assert read_remote(bucket, f"{CHECKPOINTS_DIR}/latest.json") == b'{"step": 1}'
     assert bucket.exists(f"{METRICS_DIR}/part-000001.parquet")
     assert pending(client) == 0
-    assert buffer.depth() == 0
+    assert consumer.depth() == 0
     assert all(is_trained(client, d.group.group_id) for d in deliveries)
 
 
 def test_failed_upload_leaves_the_groups_pending(
-    buffer: RolloutBuffer, client: redis.Redis, s3_server: S3Server, tmp_path: Path
+    producer: RolloutProducer,
+    consumer: RolloutConsumer,
+    client: redis.Redis,
+    s3_server: S3Server,
+    tmp_path: Path,
 ) -> None:
     """The ordering itself: if the checkpoint cannot reach the bucket, the commit fails and
     Redis keeps the groups pending, to be redelivered to the learner that resumes."""
     local = tmp_path / TRIAL
     storage = Storage(s3_server.uri("no-such-bucket-xyz", "exp"), tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(buffer, TrialSync(storage, TRIAL, local))
-    deliveries = take_two(buffer)
+    learner_buffer = UploadBeforeAck(consumer, TrialSync(storage, TRIAL, local))
+    deliveries = take_two(producer, consumer)
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
 
     with pytest.raises(OSError, match="bucket"):
         learner_buffer.commit(deliveries)
 
     assert pending(client) == 2
-    assert buffer.depth() == 2
+    assert consumer.depth() == 2
     assert not any(is_trained(client, d.group.group_id) for d in deliveries)
 
 

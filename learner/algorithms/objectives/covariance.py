@@ -17,12 +17,12 @@ import torch
 from torch import Tensor
 
 from learner.algorithms.kl import LOG_RATIO_CLAMP
-from learner.algorithms.masking import aggregate_padded, masked_mean
-from learner.algorithms.objectives.fixed import add_kl_ref, with_aggregation
-from learner.algorithms.objectives.inputs import PolicyBatch, PolicyLoss, Stats, masked_constant
-from learner.algorithms.objectives.stats import ClipUnits, policy_stats
+from learner.algorithms.masking import masked_mean
+from learner.algorithms.objectives.inputs import PolicyBatch, masked_constant
+from learner.algorithms.objectives.objective import PolicyObjective
+from learner.algorithms.objectives.settings import ClipCovSettings, KLCovSettings
 from learner.algorithms.objectives.surrogate import clipped_surrogate
-from learner.algorithms.options import ClipCovOptions, KLCovOptions, ObjectiveOptions
+from learner.algorithms.objectives.terms import PolicyTerms, policy_terms
 
 
 @torch.no_grad()
@@ -72,34 +72,32 @@ def top_tokens(scores: Tensor, count: int) -> Tensor:
     return selected.view_as(scores)
 
 
-def _clip_cov_options(options: ObjectiveOptions) -> ClipCovOptions:
-    if not isinstance(options, ClipCovOptions):
-        raise TypeError(f"clip_cov_loss needs ClipCovOptions; got {type(options).__name__}")
-    return options
+def _clip_cov_settings(settings: object) -> ClipCovSettings:
+    if not isinstance(settings, ClipCovSettings):
+        raise TypeError(f"clip_cov_loss needs ClipCovSettings; got {type(settings).__name__}")
+    return settings
 
 
-def clip_cov_selection(batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions) -> Tensor:
+def clip_cov_selection(batch: PolicyBatch, settings: object) -> Tensor:
     """Clip-Cov's I over the batch's rows, bool [B, T]: r N tokens drawn from the tokens not
     PPO-clipped with omega_low < Cov_t < omega_high (`clip_cov_loss`). Covariance, N and the draw
     are of all the rows given, so a minibatch trained in parts selects on all of it
-    (`PolicyLoss.selection`)."""
-    options = _clip_cov_options(options)
+    (`PolicyObjective.selection`)."""
+    settings = _clip_cov_settings(settings)
     mask = batch.mask
-    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    token_adv = masked_constant(batch.advantages, mask, "advantages")  # (B, T)
     with torch.no_grad():
         _, _, clipped = clipped_surrogate(
-            batch.log_ratio.detach(), token_adv, options.eps_low, options.eps_high
+            batch.log_ratio.detach(), token_adv, settings.eps_low, settings.eps_high
         )
     cov = token_covariance(batch.logprobs, token_adv, mask)  # (B, T)
-    candidates = mask & (clipped == 0) & (cov > options.cov_low) & (cov < options.cov_high)
-    count = selection_count(options.clip_fraction, int(batch.lengths.sum()))
+    candidates = mask & (clipped == 0) & (cov > settings.cov_low) & (cov < settings.cov_high)
+    count = selection_count(settings.clip_fraction, int(batch.lengths.sum()))
     return choose_tokens(candidates, count, batch.logprobs.detach(), mask)  # (B, T)
 
 
-@PolicyLoss.selecting(clip_cov_selection)
-def clip_cov_loss(
-    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
-) -> tuple[Tensor, Stats]:
+@PolicyObjective.selecting(clip_cov_selection)
+def clip_cov_loss(batch: PolicyBatch, settings: ClipCovSettings) -> PolicyTerms:
     """Clip-Cov (Cui et al. 2025, sec. 4.3): PPO-clip with the gradient of a few tokens cut.
 
         L_t = max(-A_t r_t, -A_t clip(r_t, 1 - eps_low, 1 + eps_high))   for t not in I
@@ -108,48 +106,43 @@ def clip_cov_loss(
 
     one mean over the batch's N response tokens (token-mean, as the authors' DAPO recipes).
     advantages [B] or [B, T]; `is_weights` multiply each token's term. With no token selected
-    (r = 0, or no candidate) it is GRPO's token-mean surrogate. `options`: `ClipCovOptions`.
+    (r = 0, or no candidate) it is GRPO's token-mean surrogate. `settings`: `ClipCovSettings`.
 
     Stats: clipped = PPO-clipped only, as GRPO's. The selected tokens (gradient zero too, about
     r of the tokens whenever there are candidates) are cut whatever their ratio, so counting them
     would break the sanity property that identical policies clip nothing (design section 6).
     """
-    options = with_aggregation(_clip_cov_options(options), "token-mean")
-    mask, lengths = batch.mask, batch.lengths
-    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    settings = _clip_cov_settings(settings)
+    mask = batch.mask
+    token_adv = masked_constant(batch.advantages, mask, "advantages")  # (B, T)
     pg_loss, ratio, clipped = clipped_surrogate(
-        batch.log_ratio, token_adv, options.eps_low, options.eps_high
+        batch.log_ratio, token_adv, settings.eps_low, settings.eps_high
     )
-    assert batch.selected is not None, "PolicyLoss fills it from clip_cov_selection"
+    assert batch.selected is not None, "PolicyObjective fills it from clip_cov_selection"
     pg_loss = torch.where(batch.selected, 0.0, pg_loss)  # value and gradient 0 on I
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "token-mean", totals=batch.totals)
-    loss, kl_ref = add_kl_ref(loss, batch, options)
-    units = ClipUnits(ratio, clipped, valid=mask, tokens=None, is_token_ratio=True)
-    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
+    return policy_terms(batch, settings, pg_loss, "token-mean", ratio=ratio, clipped=clipped)
 
 
-def _kl_cov_options(options: ObjectiveOptions) -> KLCovOptions:
-    if not isinstance(options, KLCovOptions):
-        raise TypeError(f"kl_cov_loss needs KLCovOptions; got {type(options).__name__}")
-    return options
+def _kl_cov_settings(settings: object) -> KLCovSettings:
+    if not isinstance(settings, KLCovSettings):
+        raise TypeError(f"kl_cov_loss needs KLCovSettings; got {type(settings).__name__}")
+    return settings
 
 
-def kl_cov_selection(batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions) -> Tensor:
+def kl_cov_selection(batch: PolicyBatch, settings: object) -> Tensor:
     """KL-Cov's I over the batch's rows, bool [B, T]: the k N tokens of highest Cov_t, none when
     beta = 0 (`kl_cov_loss`); of all the rows given, as `clip_cov_selection`."""
-    options = _kl_cov_options(options)
-    token_adv = masked_constant(advantages, batch.mask, "advantages")  # (B, T)
+    settings = _kl_cov_settings(settings)
+    token_adv = masked_constant(batch.advantages, batch.mask, "advantages")  # (B, T)
     cov = token_covariance(batch.logprobs, token_adv, batch.mask)  # (B, T)
-    fraction = options.kl_fraction if options.kl_coef > 0 else 0.0  # beta 0: no penalty at all
+    fraction = settings.kl_fraction if settings.kl_coef > 0 else 0.0  # beta 0: no penalty at all
     return top_tokens(cov, selection_count(fraction, int(batch.lengths.sum())))
 
 
-@PolicyLoss.selecting(kl_cov_selection)
-def kl_cov_loss(
-    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
-) -> tuple[Tensor, Stats]:
+@PolicyObjective.selecting(kl_cov_selection)
+def kl_cov_loss(batch: PolicyBatch, settings: KLCovSettings) -> PolicyTerms:
     """KL-Cov (Cui et al. 2025, sec. 4.3): the unclipped surrogate, KL-penalised on a few tokens.
 
         L_t = -A_t r_t                               for t not in I
@@ -159,26 +152,22 @@ def kl_cov_loss(
     is the authors' per-token KL(pi_old || pi_theta); its gradient beta sign(log r_t) pulls the
     token back to pi_old (0 at r_t = 1). No clip range: eps_low/eps_high are unread. With no
     token selected (k = 0) or beta = 0 it is the plain policy-gradient surrogate. advantages [B]
-    or [B, T]; `is_weights` multiply each token's term. `options`: `KLCovOptions`.
+    or [B, T]; `is_weights` multiply each token's term. `settings`: `KLCovSettings`.
 
     Stats: nothing is clipped (clip fractions 0). The penalised tokens are a share set by k, and
     |log r_t| is not smooth at 0: the penalty's gradient is a full beta sign(log r_t) even for an
     engine-rounding gap of 1e-7, so counting them would break the sanity property that identical
     policies clip nothing (design section 6). kl_old shows how far the ratios moved.
     """
-    options = with_aggregation(_kl_cov_options(options), "token-mean")
-    mask, lengths = batch.mask, batch.lengths
-    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
+    settings = _kl_cov_settings(settings)
+    mask = batch.mask
+    token_adv = masked_constant(batch.advantages, mask, "advantages")  # (B, T)
     log_ratio = batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 off mask
     ratio = torch.exp(log_ratio)  # (B, T)
-    assert batch.selected is not None, "PolicyLoss fills it from kl_cov_selection"
-    penalty = torch.where(batch.selected, options.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
+    assert batch.selected is not None, "PolicyObjective fills it from kl_cov_selection"
+    penalty = torch.where(batch.selected, settings.kl_coef * log_ratio.abs(), 0.0)  # (B, T)
     pg_loss = -token_adv * ratio + penalty  # (B, T)  0 off the mask
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "token-mean", totals=batch.totals)
-    loss, kl_ref = add_kl_ref(loss, batch, options)
-    with torch.no_grad():
-        none = torch.zeros_like(ratio)  # (B, T)  nothing clipped
-        units = ClipUnits(ratio.detach(), none, mask, tokens=None, is_token_ratio=True)
-    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
+    none = torch.zeros_like(ratio.detach())  # (B, T)  nothing clipped
+    return policy_terms(batch, settings, pg_loss, "token-mean", ratio=ratio, clipped=none)

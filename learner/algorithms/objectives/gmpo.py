@@ -7,10 +7,10 @@ from torch import Tensor
 
 from learner.algorithms.kl import LOG_RATIO_CLAMP
 from learner.algorithms.masking import masked_mean
-from learner.algorithms.objectives.fixed import add_kl_ref, with_aggregation
-from learner.algorithms.objectives.inputs import PolicyBatch, PolicyLoss, Stats
-from learner.algorithms.objectives.stats import ClipUnits, policy_stats
-from learner.algorithms.options import ObjectiveOptions
+from learner.algorithms.objectives.inputs import PolicyBatch
+from learner.algorithms.objectives.objective import PolicyObjective
+from learner.algorithms.objectives.settings import PolicySettings
+from learner.algorithms.objectives.terms import PolicyTerms, policy_terms
 
 
 def clip_log_ratio(
@@ -30,10 +30,8 @@ def clip_log_ratio(
     return clipped_log_ratio, clipped
 
 
-@PolicyLoss
-def gmpo_loss(
-    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
-) -> tuple[Tensor, Stats]:
+@PolicyObjective
+def gmpo_loss(batch: PolicyBatch, settings: PolicySettings) -> PolicyTerms:
     """GMPO (Zhao et al. 2025, arXiv:2507.20673, sec. 3): geometric-mean policy optimisation.
 
         l~_t = clip of l_t = log pi_theta(y_t) - log pi_old(y_t), see `clip_log_ratio`
@@ -43,15 +41,14 @@ def gmpo_loss(
     = mean_i sgn(A_i) prod_t |min(r_t A_i, clip(r_t, e^-eps_low, e^eps_high) A_i)|^(1/|y_i|).
     Gradient: -A_i s~_i / |y_i| grad log pi_theta(y_t) on unclipped tokens, 0 on clipped ones.
     With no token clipped, value and gradient equal GSPO's with no sequence clipped (both take
-    the length-normalised sequence ratio); GMPO clips tokens, GSPO the sequence. advantages [B].
-    `is_weights` multiply each sequence's term by its mean weight over its response tokens (as
-    GSPO). The optional KL penalty uses seq-mean-token-mean.
+    the length-normalised sequence ratio); GMPO clips tokens, GSPO the sequence. advantages [B];
+    terms [B], one per sequence. `is_weights` multiply each sequence's term by its mean weight
+    over its response tokens (as GSPO). The optional KL penalty uses seq-mean-token-mean.
 
     Stats: clipped tokens as above (gradient zero), token-weighted; ratio_mean/min/max are of
     the token ratios r_t, which the objective clips.
     """
-    options = with_aggregation(options, "seq-mean-token-mean")
-    mask, lengths = batch.mask, batch.lengths
+    mask, lengths, advantages = batch.mask, batch.lengths, batch.advantages
     if advantages.shape != lengths.shape:
         raise ValueError(f"gmpo_loss needs advantages [B]; got {tuple(advantages.shape)}")
     nonempty = lengths > 0  # (B,)
@@ -59,17 +56,14 @@ def gmpo_loss(
     log_ratio = batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)  0 off mask
     token_adv = torch.where(mask, seq_adv[:, None], 0.0)  # (B, T)
     clipped_log_ratio, clipped = clip_log_ratio(
-        log_ratio, token_adv, options.eps_low, options.eps_high
+        log_ratio, token_adv, settings.eps_low, settings.eps_high
     )
     seq_ratio = torch.exp(clipped_log_ratio.sum(-1) / lengths.clamp_min(1))  # (B,)  s~_i
     pg_loss = -seq_adv * seq_ratio  # (B,)
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_mean(batch.is_weights.detach().float(), mask, dim=-1)
-    loss = pg_loss.sum() / batch.totals.sequences.clamp_min(1)  # the minibatch's rows
-    loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
         ratio = torch.exp(log_ratio)  # (B, T)  1 off the mask
-        units = ClipUnits(ratio, clipped * mask, mask, tokens=None, is_token_ratio=True)
-        seq_log_ratio = log_ratio.sum(-1) / lengths.clamp_min(1)  # (B,)  unclipped log s_i
-    stats = policy_stats(loss, batch, units, seq_log_ratio=seq_log_ratio, kl_ref=kl_ref)
-    return loss, stats
+    return policy_terms(
+        batch, settings, pg_loss, "seq-mean-token-mean", ratio=ratio, clipped=clipped * mask
+    )

@@ -6,11 +6,10 @@ import torch
 from torch import Tensor
 
 from learner.algorithms.kl import LOG_RATIO_CLAMP
-from learner.algorithms.masking import aggregate_padded
-from learner.algorithms.objectives.fixed import add_kl_ref, with_aggregation
-from learner.algorithms.objectives.inputs import PolicyBatch, PolicyLoss, Stats, masked_constant
-from learner.algorithms.objectives.stats import ClipUnits, policy_stats
-from learner.algorithms.options import ObjectiveOptions, SAPOOptions
+from learner.algorithms.objectives.inputs import PolicyBatch, masked_constant
+from learner.algorithms.objectives.objective import PolicyObjective
+from learner.algorithms.objectives.settings import SAPOSettings
+from learner.algorithms.objectives.terms import PolicyTerms, policy_terms
 
 GATED_BELOW = 0.5
 """A token counts as gated (stats) when its gate weight 4 p (1 - p) is below this: its gradient
@@ -25,10 +24,8 @@ def gate_weight(ratio: Tensor, tau: Tensor) -> Tensor:
     return 4.0 * p * (1.0 - p)
 
 
-@PolicyLoss
-def sapo_loss(
-    batch: PolicyBatch, advantages: Tensor, options: ObjectiveOptions
-) -> tuple[Tensor, Stats]:
+@PolicyObjective
+def sapo_loss(batch: PolicyBatch, settings: SAPOSettings) -> PolicyTerms:
     """SAPO (Gao et al. 2025, arXiv:2511.20347, sec. 3): soft adaptive policy optimisation.
 
         r_t   = pi_theta(y_t) / pi_old(y_t),   tau_t = tau_pos if A_t > 0 else tau_neg
@@ -40,25 +37,23 @@ def sapo_loss(
     leaves 1 on either side, faster for larger tau; tau_neg > tau_pos damps negative-advantage
     tokens more (sec. 3.2). The value at r_t = 1 is 2 A / tau, not A. Aggregated per sequence,
     then over sequences (seq-mean-token-mean, fixed). advantages [B] or [B, T]; `is_weights`
-    multiply each token's term. `options` must be `SAPOOptions`; eps_low/eps_high are unread.
+    multiply each token's term. `settings`: `SAPOSettings`; eps_low/eps_high are unread.
 
     Stats: a token counts as gated when its gate weight is below `GATED_BELOW` (gradient under
     half the surrogate's), low or high by the side of r_t = 1.
     """
-    if not isinstance(options, SAPOOptions):
-        raise TypeError(f"sapo_loss needs SAPOOptions (tau_pos, tau_neg); got {type(options)}")
-    options = with_aggregation(options, "seq-mean-token-mean")
-    mask, lengths = batch.mask, batch.lengths
-    token_adv = masked_constant(advantages, mask, "advantages")  # (B, T)
-    tau = torch.where(token_adv > 0, options.tau_pos, options.tau_neg)  # (B, T)
+    if not isinstance(settings, SAPOSettings):
+        raise TypeError(f"sapo_loss needs SAPOSettings (tau_pos, tau_neg); got {type(settings)}")
+    mask = batch.mask
+    token_adv = masked_constant(batch.advantages, mask, "advantages")  # (B, T)
+    tau = torch.where(token_adv > 0, settings.tau_pos, settings.tau_neg)  # (B, T)
     ratio = torch.exp(batch.log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)  # (B, T)  f_t
     pg_loss = -gate * token_adv  # (B, T)  0 off the mask (A = 0 there)
     if batch.is_weights is not None:
         pg_loss = pg_loss * masked_constant(batch.is_weights, mask, "is_weights")
-    loss = aggregate_padded(pg_loss, lengths, "seq-mean-token-mean", totals=batch.totals)
-    loss, kl_ref = add_kl_ref(loss, batch, options)
     with torch.no_grad():
         gated = (gate_weight(ratio, tau) < GATED_BELOW) & mask  # (B, T)
-        units = ClipUnits(ratio.detach(), gated.float(), mask, tokens=None, is_token_ratio=True)
-    return loss, policy_stats(loss, batch, units, seq_log_ratio=None, kl_ref=kl_ref)
+    return policy_terms(
+        batch, settings, pg_loss, "seq-mean-token-mean", ratio=ratio, clipped=gated.float()
+    )

@@ -14,8 +14,8 @@ import pytest
 
 from analysis import ReportConfig, build_report
 from analysis.report import ReportResult
-from analysis.sections import tuning
-from analysis.sections.tuning import ranking_rows
+from analysis.sections.tuning.rows import ranking_rows
+from analysis.sections.tuning.text import margin_caveat
 from analysis.stats import expected_max_curve
 from analysis.synthetic import SyntheticSpec, write_experiment
 
@@ -86,7 +86,7 @@ def selection(trials: pd.DataFrame) -> dict:
         }
     return {
         "metric": "final",
-        "validation": {"task": "gsm8k", "offset": 1000, "size": 200},
+        "validation": {"name": "val", "task": "gsm8k", "offset": 1000, "size": 200},
         "budget": 4,
         "seeds": list(TUNING_SEEDS),
         "evaluation_seeds": list(SPEC.seeds),
@@ -236,12 +236,18 @@ def test_each_lead_is_read_against_the_seed_noise_of_the_selected_configurations
 def test_a_lead_inside_the_seed_noise_is_not_called_a_ranking() -> None:
     summary = pd.DataFrame(
         [
-            {"section": "tuning_ranking", "statistic": "margin", "comparison": c, "value": v}
-            for c, v in (("budget 1", 0.05), ("budget 2", 0.004), ("budget 3", 0.001))
+            {
+                "section": "tuning_ranking",
+                "statistic": "margin",
+                "comparison": f"budget {b}",
+                "budget": b,
+                "value": v,
+            }
+            for b, v in ((1, 0.05), (2, 0.004), (3, 0.001))
         ]
         + [{"section": "tuning_ranking", "statistic": "seed_se", "comparison": "x", "value": 0.01}]
     )
-    assert tuning._margin_caveat(summary) == (
+    assert margin_caveat(summary) == (
         " The lead at budget 2, 3 is smaller than the selected configurations' standard error "
         "over tuning seeds (0.010): the order of the arms there is not established."
     )

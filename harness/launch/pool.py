@@ -17,92 +17,24 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import psutil
 
-from contract.layout import TRIAL_JSON
-from contract.record import TrialRecord, TrialRecordError, read_trial_record
-from contract.trial import TERMINAL_STATUSES, LaunchStatus, TrialStatus
-from harness.experiment.grid import PlannedTrial
-from harness.trial.processes import die_with_parent, open_private
+from contract.record import TrialRecordError, read_trial_record
+from contract.trial import LaunchStatus
+from harness.launch.processes import die_with_parent, open_private
+from harness.launch.trials import (
+    CommandBuilder,
+    PlannedTrial,
+    PoolLimits,
+    RunningTrial,
+    TrialExit,
+    exit_status,
+)
 
-# (spec, resume) -> argv. Injectable so tests can run a tiny real script in place of a trial.
-CommandBuilder = Callable[[PlannedTrial, bool], list[str]]
-
-DEFAULT_PREFIX = (sys.executable, "-m", "harness.cli")
 POLL_S = 0.1  # how often a waiting pool looks at its children
-
-
-def trial_command(
-    config_path: Path,
-    overrides: Sequence[str] = (),
-    steps: int | None = None,
-    prefix: Sequence[str] = DEFAULT_PREFIX,
-) -> CommandBuilder:
-    """Builder of `<prefix> trial CONFIG --arm A --seed N --lag K --mode M --out DIR ...`.
-
-    The config path is made absolute and the overrides are passed through unchanged, so every
-    trial resolves exactly the config the experiment resolved.
-    """
-    config = str(Path(config_path).resolve())
-    passed = list(overrides)
-
-    def build(spec: PlannedTrial, resume: bool) -> list[str]:
-        argv = [*prefix, "trial", config, "--arm", spec.arm, "--seed", str(spec.seed)]
-        argv += ["--lag", str(spec.lag), "--mode", spec.mode, "--out", str(spec.trial_dir)]
-        if steps is not None:
-            argv += ["--steps", str(steps)]
-        if resume:
-            argv.append("--resume")
-        return argv + passed
-
-    return build
-
-
-@dataclass
-class RunningTrial:
-    """A started trial process; its pid is also its process-group id."""
-
-    spec: PlannedTrial
-    resume: bool
-    process: subprocess.Popen[bytes]
-    started: float  # time.monotonic()
-    tree: list[psutil.Process] | None = None  # descendants seen when it was interrupted
-
-
-@dataclass(frozen=True)
-class TrialExit:
-    """How a trial process ended. `status`: completed|diverged|failed|interrupted."""
-
-    spec: PlannedTrial
-    resume: bool
-    returncode: int | None
-    status: LaunchStatus
-    message: str
-    duration_s: float
-
-
-def exit_status(returncode: int, record: TrialRecord | None) -> tuple[LaunchStatus, str]:
-    """(status, message) from the exit code and trial.json, per the trial-runner contract.
-
-    Exit 0 means completed or diverged, and trial.json must agree; anything else is a failure,
-    including an exit 0 whose trial.json says otherwise (the runner lost track of its state).
-    """
-    if returncode == 0 and record is not None and record.status in TERMINAL_STATUSES:
-        if record.status == TrialStatus.DIVERGED:
-            return LaunchStatus.DIVERGED, f"diverged: {record.diverged_reason}"
-        return LaunchStatus.COMPLETED, "completed"
-    if returncode == 0:
-        status = None if record is None else record.status.value
-        return LaunchStatus.FAILED, f"exited 0 but {TRIAL_JSON} says status {status!r}"
-    how = f"killed by signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-    return LaunchStatus.FAILED, how
 
 
 def _signal_group(pgid: int, signum: int) -> bool:
@@ -174,23 +106,18 @@ def stop_group(
         process.wait(timeout=10)  # SIGKILL cannot be ignored; 10 s only bounds a stuck kernel
 
 
-class TrialPool:
+class SubprocessTrialPool:
     """At most `max_parallel` trial processes; output of each goes to `TRIAL_DIR/trial.log`."""
 
     def __init__(
-        self,
-        command: CommandBuilder,
-        max_parallel: int,
-        kill_grace_s: float = 10.0,
-        trial_timeout_s: float | None = None,
-        env: dict[str, str] | None = None,
+        self, command: CommandBuilder, limits: PoolLimits, env: dict[str, str] | None = None
     ) -> None:
-        if max_parallel < 1:
-            raise ValueError(f"max_parallel={max_parallel} must be >= 1")
+        if limits.max_parallel < 1:
+            raise ValueError(f"max_parallel={limits.max_parallel} must be >= 1")
         self.command = command
-        self.max_parallel = max_parallel
-        self.kill_grace_s = kill_grace_s
-        self.trial_timeout_s = trial_timeout_s
+        self.max_parallel = limits.max_parallel
+        self.kill_grace_s = limits.kill_grace_s
+        self.trial_timeout_s = limits.trial_timeout_s
         self.env = dict(os.environ if env is None else env)
         self.env.setdefault("PYTHONUNBUFFERED", "1")  # so trial.log is live, not block-buffered
         self.running: dict[str, RunningTrial] = {}
@@ -264,7 +191,7 @@ class TrialPool:
             exits.append(self._finish(trial, trial.process.returncode, stopped=True))
         return exits
 
-    def __enter__(self) -> TrialPool:
+    def __enter__(self) -> SubprocessTrialPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -309,3 +236,6 @@ class TrialPool:
     ) -> TrialExit:
         duration = time.monotonic() - trial.started
         return TrialExit(trial.spec, trial.resume, returncode, status, message, duration)
+
+
+__all__ = ["POLL_S", "SubprocessTrialPool", "stop_group"]

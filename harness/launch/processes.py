@@ -1,4 +1,4 @@
-"""Child processes that never outlive their parent, and how often one may be restarted.
+"""Child processes that never outlive their parent, and their private logs.
 
 Every component runs in its own process group (so a Ctrl-C in the terminal reaches only the
 supervisor, which then decides the order of teardown) and asks the kernel to SIGKILL it when the
@@ -45,36 +45,6 @@ def open_private(path: Path, *, append: bool = True) -> BinaryIO:
     fd = os.open(path, flags, PRIVATE_FILE_MODE)
     os.fchmod(fd, PRIVATE_FILE_MODE)  # O_CREAT's mode only applies to a new file
     return os.fdopen(fd, "ab" if append else "wb")
-
-
-@dataclass
-class RestartBudget:
-    """At most `limit` restarts of one component in a row without progress of the trial.
-
-    Progress is a count the caller supplies that never decreases (the supervisor passes learner
-    steps plus tickets completed, i.e. groups pushed by any generator). A crash after progress
-    since the last restart starts a fresh budget, so a long trial survives any number of isolated
-    crashes, while a component that dies again and again at the same point still fails the trial
-    after `limit` restarts instead of looping forever.
-    """
-
-    limit: int
-    used: int = 0
-    mark: int | None = None  # the highest progress seen at a granted restart
-
-    def spend(self, progress: int) -> bool:
-        """Record a crash seen at `progress`; True when a restart is granted (and counted).
-
-        Only a progress above the mark renews the budget: a lower reading (a count the caller
-        could not read in full) must not, or a flapping reading would restart forever.
-        """
-        if self.mark is not None and progress > self.mark:
-            self.used = 0
-        if self.used >= self.limit:
-            return False
-        self.used += 1
-        self.mark = progress if self.mark is None else max(self.mark, progress)
-        return True
 
 
 def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

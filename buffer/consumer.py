@@ -1,14 +1,14 @@
-"""The rollout buffer of one run: producers push groups, the learner takes and commits them.
+"""The learner's side of one run's buffer: take groups, then commit (or reject) them.
 
-One Redis stream per run (`gspo:{run_id}:rollouts`) with one consumer group. Delivery is
+One Redis stream per run (`gspo:{run_id}:rollouts`) with one consumer group, which only this side
+creates (`RolloutConsumer.__init__`, from id 0: groups pushed before it are kept). Delivery is
 at-least-once (an entry stays pending until the learner commits its step) and training is
 exactly-once: `commit` records the group ids as trained in the same MULTI as the ack, the learner
 also keeps them in its checkpoint (and skips them if they are delivered again), and a group whose
 id is already trained or held is acked as a duplicate, never delivered.
 
 Depth = stream length: settled entries are deleted (XACK + XDEL), so the stream holds exactly the
-unconsumed plus the read-but-unacked groups. Producers block while depth >= max_depth and fail
-with BufferFullError after push_timeout_s; nothing is ever trimmed.
+unconsumed plus the read-but-unacked groups (producers block on it: `buffer.producer`).
 
 Fixed staleness (`take_batch`) returns the groups of one batch index whatever their arrival order
 (or of one extra round of a batch, keyed by `buffer.tickets.draw_key`; the floor below which
@@ -28,29 +28,21 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable
 from dataclasses import dataclass, field
 
 import redis
 
 from buffer.config import BufferConfig
-from buffer.connection import RunKeys, delete_run
+from buffer.connection import RunKeys
 from buffer.inbox import Delivery, Inbox, settle
-from buffer.outbox import BufferFullError, Outbox, group_digest
-from buffer.schema import RolloutGroup
-from buffer.telemetry import DROPPED_STALE, Telemetry
-from buffer.tickets import TicketDispenser, draw_batch, request_stop, stop_requested
+from buffer.outbox import group_digest
+from buffer.telemetry import DROPPED_STALE
+from buffer.tickets import TicketDispenser, draw_batch
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "BufferFullError",
-    "Check",
-    "Delivery",
-    "RolloutBuffer",
-    "SlotRefusedError",
-    "TakeResult",
-]
+__all__ = ["Check", "Delivery", "RolloutConsumer", "SlotRefusedError", "TakeResult"]
 
 Check = Callable[[Delivery], str | None]
 """Why a delivered group must not be trained (it is dead-lettered with that reason), or None."""
@@ -93,63 +85,37 @@ class _ConsumerState:
     ready: deque[Delivery] = field(default_factory=deque)  # bounded: read, not yet returned
 
 
-class RolloutBuffer:
-    """Producer and consumer side of one run's buffer (cheap to create; holds no thread)."""
+def create_group(client: redis.Redis, keys: RunKeys) -> None:
+    """Create the stream's consumer group from id 0 (entries pushed earlier are kept); one that
+    exists already is left as it is."""
+    try:
+        client.xgroup_create(keys.stream, keys.consumer_group, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+class RolloutConsumer:
+    """Takes and settles one run's groups for the learner (cheap to create; holds no thread).
+
+    Creating one creates the stream's consumer group if it is missing; per consumer name it
+    keeps what it read and has not settled (fixed mode's stash, bounded mode's read-ahead)."""
 
     def __init__(self, client: redis.Redis, run_id: str, config: BufferConfig | None = None):
         self._client = client
         self._keys = RunKeys(run_id)
         self._config = config or BufferConfig()
-        self._outbox = Outbox(client, self._keys, self._config)
-        self._telemetry = Telemetry(client, run_id)
         self._tickets = TicketDispenser(client, run_id)  # extra rounds (dynamic sampling)
         self._consumers: dict[str, _ConsumerState] = {}
-        self._ensure_group()
-
-    def _ensure_group(self) -> None:
-        """Create the stream's consumer group from id 0 (entries pushed earlier are kept)."""
-        k = self._keys
-        try:
-            self._client.xgroup_create(k.stream, k.consumer_group, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        create_group(client, self._keys)
 
     @property
     def run_id(self) -> str:
         return self._keys.run_id
 
-    # ---- producer -----------------------------------------------------------------------------
-
-    def push(self, group: RolloutGroup, batch_index: int, ticket: int | None = None) -> str:
-        """Append one group; completes `ticket` atomically with it. Returns the entry id.
-
-        Blocks with backoff while depth >= max_depth, renewing the ticket's lease meanwhile, and
-        raises BufferFullError after push_timeout_s. The encoded size is checked against
-        max_message_bytes (RecordError) before anything is sent.
-        """
-        return self._outbox.push(group, batch_index, ticket)
-
-    def push_many(
-        self,
-        groups: Sequence[RolloutGroup],
-        batch_index: int,
-        tickets: Sequence[int | None] | None = None,
-    ) -> list[str]:
-        """`push` of several groups of one batch in two round trips for all of them (a
-        generator's round); returns each one's entry id ('' for one pushed before).
-
-        Each group completes its own ticket atomically with its entry. Every group is encoded
-        and checked before anything is sent (RecordError: none is written).
-        """
-        tickets = [None] * len(groups) if tickets is None else tickets
-        return self._outbox.push_many(groups, batch_index, tickets)
-
     def depth(self) -> int:
         """Groups unconsumed or read-but-unacked (the stream's length)."""
         return int(self._client.xlen(self._keys.stream))
-
-    # ---- consumer -----------------------------------------------------------------------------
 
     def take_batch(
         self,
@@ -298,26 +264,6 @@ class RolloutBuffer:
     def ack(self, entry_ids: Iterable[str]) -> None:
         """Ack (and delete) entries without marking them trained; prefer `commit`."""
         self._settle(list(entry_ids))
-
-    # ---- run control and telemetry (thin delegations, so one object serves a component) ------
-
-    def request_stop(self) -> None:
-        """Ask the run's generators to stop (same flag as TicketDispenser.request_stop)."""
-        request_stop(self._client, self._keys)
-
-    def stop_requested(self) -> bool:
-        return stop_requested(self._client, self._keys)
-
-    def report_generator_stats(self, generator_id: str, figures: Mapping[str, float]) -> None:
-        """A generator's perf/* figures (see Telemetry.report)."""
-        self._telemetry.report(generator_id, figures)
-
-    def delete_run(self) -> int:
-        """Delete all of the run's keys (a fresh trial), then recreate the empty stream."""
-        removed = delete_run(self._client, self._keys)
-        self._consumers.clear()
-        self._ensure_group()
-        return removed
 
     # ---- internals ----------------------------------------------------------------------------
 

@@ -1,0 +1,38 @@
+"""The learner's config fields left out of a resolved config while at their default.
+
+Each was added after configs had been written: left out at the default that means "as before",
+it changes neither an existing config's hash nor its `resolved_config.yaml`
+(`contract.config_dump`; `harness.config` adds the harness's rows). Also left out: `adv_norm`
+of a group arm whose estimator does not read it, so that a resolved arm validates again.
+"""
+
+from __future__ import annotations
+
+from contract.config_dump import OmitAtDefault
+from learner.config.arm_base import GroupArm
+from learner.config.arm_training import TrainingOverrides
+from learner.config.arms import PPOArm
+from learner.config.shared import LearnerConfig
+
+
+def _estimator_ignores_adv_norm(arm: GroupArm) -> bool:
+    return arm.adv_estimator != "group"
+
+
+OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
+    # scale and memory options of the shared settings
+    OmitAtDefault(LearnerConfig, "micro_batch_tokens", None),
+    OmitAtDefault(LearnerConfig, "logprob_chunk_tokens", None),
+    OmitAtDefault(LearnerConfig, "parallel", "ddp"),
+    OmitAtDefault(LearnerConfig, "dtype", "float32"),
+    OmitAtDefault(LearnerConfig, "activation_checkpointing", False),
+    OmitAtDefault(LearnerConfig, "cpu_offload", False),
+    # an arm's optimiser overrides, unset: it trains with `learner.*`
+    *(OmitAtDefault(TrainingOverrides, name, None) for name in TrainingOverrides.training_fields),
+    OmitAtDefault(PPOArm, "value_lr", None),
+    # group arms: the estimator and DAPO's dynamic sampling, off
+    OmitAtDefault(GroupArm, "adv_estimator", "group"),
+    OmitAtDefault(GroupArm, "adv_norm", "std", when=_estimator_ignores_adv_norm),
+    OmitAtDefault(GroupArm, "dynamic_sampling_rounds", 0),
+)
+"""(model, field, default) rows; a row applies to the model's subclasses (plugin arms) too."""

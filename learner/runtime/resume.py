@@ -1,0 +1,152 @@
+"""Exactly-once training across restarts: where a learner starts (`start_or_resume`) and how a
+step is committed (`Commits`), the two halves of one protocol.
+
+A step is *committed* at a checkpoint: the checkpoint is written first, then the groups trained
+since the previous checkpoint are marked trained and acknowledged in Redis. A learner killed
+between the two finds those groups still pending under its consumer name, resumes from the
+checkpoint, which names them as trained, and commits them then (`settle_resumed_commits`); one
+killed between two checkpoints retrains the groups after its checkpoint identically (fixed mode
+is bitwise reproducible). A group is never trained twice across commits.
+
+Resuming loads the newest intact checkpoint (weights, optimisers, schedulers, RNG states and the
+`TrainingState`), checks the step files it vouches for, squares Redis with it and only then
+drops the step records newer than it. A learner with no checkpoint starts from the initial
+weights: it publishes v0 and logs step 0's evals.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import NamedTuple
+
+from torch import nn
+
+from buffer.streams import Delivery, RolloutSource, VersionPublisher, WeightWriter
+from contract import metrics as M
+from contract.evals import EvalReport
+from contract.layout import TrialPaths
+from learner.runtime.checkpoint import CheckpointStore, ResumeError, TrainingState
+from learner.runtime.distributed import DistContext
+from learner.runtime.models import checkpoint_modules
+from learner.runtime.published import PublishedWeights, versions_to_keep
+from learner.runtime.records import StepRecords
+from learner.runtime.step import StepModels
+from learner.runtime.task import LearnerTask
+
+Evaluate = Callable[[nn.Module, int], EvalReport | float]
+
+
+class Commits:
+    """The groups consumed since the last checkpoint, and the commit that settles them."""
+
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        modules: dict[str, object],
+        buffer: RolloutSource,
+        dist: DistContext,
+    ) -> None:
+        self.checkpoints, self.modules, self.buffer, self.dist = checkpoints, modules, buffer, dist
+        self.pending: list[Delivery] = []  # consumed since the last checkpoint
+
+    def add(self, consumed: list[Delivery]) -> None:
+        """Groups a step consumed (trained or filtered): settled at the next checkpoint."""
+        self.pending += consumed
+
+    def commit(self, state: TrainingState) -> None:
+        """Checkpoint first, then mark trained and ack: a kill in between only causes a retrain
+        that the checkpoint's trained ids already exclude. (Sharded, the other ranks call
+        `save_shards` at the same step.)"""
+        self.checkpoints.save(state, self.modules, self.dist)
+        if self.pending:
+            self.buffer.commit(self.pending)  # marks trained and acks in one MULTI
+            self.pending.clear()
+
+    def save_shards(self, state: TrainingState) -> None:
+        """A rank > 0's part of a sharded checkpoint: its own shards."""
+        self.checkpoints.save(state, self.modules, self.dist)
+
+
+class Start(NamedTuple):
+    """Where the loop starts: the state to continue from and what each step goes through."""
+
+    state: TrainingState
+    published: PublishedWeights
+    records: StepRecords
+    commits: Commits
+
+
+def start_or_resume(
+    task: LearnerTask,
+    models: StepModels,
+    *,
+    buffer: RolloutSource,
+    versions: VersionPublisher,
+    weights: WeightWriter,
+    evaluate: Evaluate,
+    resume: bool,
+    dist: DistContext,
+) -> Start:
+    """Restore the newest intact checkpoint (every rank), or start from the initial weights
+    (rank 0 publishes v0 and logs step 0). Raises ResumeError (one line) before deleting
+    anything when the checkpoint, its step files or the run's Redis do not add up."""
+    modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval
+    keep = versions_to_keep(task.learner, task.lag)
+    published = PublishedWeights(
+        models, task.learner, task.model_dir, dist, weights=weights, versions=versions, keep=keep
+    )
+    records = StepRecords(task.trial_dir)
+    checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints, records=records.vouched)
+    state = TrainingState()
+    if resume and checkpoints.has_checkpoints():
+        # The newest intact checkpoint (latest.json is a hint); nothing is deleted until it is
+        # loaded and the step files it vouches for are checked (else one-line ResumeError).
+        state = checkpoints.load(modules, say=partial(print, flush=True) if dist.is_main else None)
+        published.forget_initial()
+        if dist.is_main:
+            checkpoints.verify_records(state.step, task.trial_dir)
+            settle_resumed_commits(buffer, state, f"checkpoint step-{state.step:06d}")
+            records.truncate_after(state.step)
+    elif dist.is_main:
+        # No checkpoint ever completed: start from the initial weights. A resumed learner killed
+        # before its first checkpoint may already have published v0 and later versions; it
+        # redoes those steps like any resume (publish_unless_done), its uncommitted groups are
+        # still pending. (Sharded: the other ranks gathered v0 with rank 0, `PublishedWeights`.)
+        if resume:
+            settle_resumed_commits(buffer, state, "the initial weights (no checkpoint)")
+        records.truncate_after(-1)
+        published.publish_initial(resume=resume)
+        with published.eval_model() as model:
+            pass_rate = records.eval_pass_rate(0, evaluate(model, 0))
+        records.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
+    return Start(state, published, records, Commits(checkpoints, modules, buffer, dist))
+
+
+def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: str) -> None:
+    """Square the run's Redis with what the loaded checkpoint says was trained, before a resume
+    deletes anything (`start` names where the learner resumes from).
+
+    Groups Redis committed as trained that the checkpoint lacks were trained after it (a resume
+    that fell back past a damaged or deleted newer checkpoint): a commit deletes them from the
+    stream, so the steps after the checkpoint can never be retrained; ResumeError (one line)
+    now, instead of a wait for them until take_timeout_s. Groups the checkpoint has that Redis
+    still holds were trained and not yet committed (a learner killed between its checkpoint and
+    the commit): they are committed now, not read back and dropped as too stale."""
+    beyond = buffer.committed_beyond(set(state.trained_group_ids))
+    if beyond:
+        batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
+        span = f"; batches {batches[0]}-{batches[-1]}" if batches else ""
+        shown = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
+        raise ResumeError(
+            f"resuming from {start}, but the run's Redis committed {len(beyond)} group(s) as "
+            f"trained after it ({shown}{span}): a commit deletes a group from the buffer, so "
+            f"the steps after step {state.step} cannot be retrained; restore the newer "
+            "checkpoint (and its step files), or rerun the trial without --resume"
+        )
+    buffer.recommit(state.trained_group_ids)
+
+
+_BATCH_OF_ID = re.compile(r"-b(\d+)-p\d+$")

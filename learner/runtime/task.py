@@ -1,0 +1,50 @@
+"""What a learner run is given (`LearnerTask`, built by the harness) and how it ended
+(`LearnerOutcome`): the two ends of `learner.runtime.loop.run_learner`, in a module of their
+own so the loop's components (take, resume) read the task without importing the loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from contract.trial import StalenessMode, TrialStatus
+from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
+from learner.config import ArmBase, LearnerConfig
+
+
+@dataclass
+class LearnerTask:
+    """Everything one learner run needs; built by the harness from the experiment config."""
+
+    arm: ArmBase
+    learner: LearnerConfig
+    mode: StalenessMode
+    lag: int
+    seed: int
+    group_size: int
+    max_new_tokens: int
+    model_dir: Path
+    trial_dir: Path
+    consumer: str = "learner"
+    take_timeout_s: float = 600.0
+    steps: int | None = None  # cap on learner steps (smoke runs); default learner.steps
+    # The generators' sampled distribution: the learner scores tokens under it
+    # (learner.runtime.forward).
+    sampling: SamplingSettings = PLAIN
+    # Prompt index -> the prompt tokens its generator must have used; None: intake checks the
+    # prompt index alone (learner.runtime.intake).
+    prompt_ids: Callable[[int], Sequence[int]] | None = None
+
+    @property
+    def total_steps(self) -> int:
+        """The steps this run trains: `steps` when capped, else `learner.steps`."""
+        return self.steps or self.learner.steps
+
+
+@dataclass
+class LearnerOutcome:
+    status: TrialStatus  # completed | diverged | failed (a batch that can never be complete)
+    steps_completed: int
+    diverged_reason: str | None = None  # why it diverged or failed, one line
+    final_metrics: dict[str, float] = field(default_factory=dict)

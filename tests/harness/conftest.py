@@ -1,0 +1,37 @@
+"""Session fixtures of the harness tests: finished trials shared by the tests that read them
+(tests/harness/shared_trials.py says which, and how a test that changes one copies it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.shared_trials import GRPO_LAG1, GRPO_TWO_STEPS, GSPO_TWO_SEEDS, SharedTrials
+
+
+@pytest.fixture(scope="session")
+def shared_trials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTrials]:
+    trials = SharedTrials(tmp_path_factory.mktemp("shared_trials"))
+    yield trials
+    changed = trials.changed()
+    assert not changed, f"tests wrote to shared trials {changed}: take a private_copy instead"
+
+
+@pytest.fixture(scope="session")
+def grpo_two_steps(shared_trials: SharedTrials) -> Path:
+    """GRPO, 2 steps at lag 0, primary greedy eval only; read-only (copy it to change it)."""
+    return shared_trials.trial(GRPO_TWO_STEPS)
+
+
+@pytest.fixture(scope="session")
+def grpo_lag1(shared_trials: SharedTrials) -> Path:
+    """GRPO at fixed lag 1, 14 uninterrupted steps; read-only (copy it to change it)."""
+    return shared_trials.trial(GRPO_LAG1)
+
+
+@pytest.fixture(scope="session")
+def gspo_two_seeds(shared_trials: SharedTrials) -> Path:
+    """`harness run` output: GSPO at lag 0, seeds 0 and 1, 4 steps; read-only."""
+    return shared_trials.experiment(GSPO_TWO_SEEDS)

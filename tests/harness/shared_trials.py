@@ -1,0 +1,161 @@
+"""Finished trials built once per test session and shared by every test that only reads them.
+
+A whole trial costs 20-60 s, most of it start-up (three Python processes importing torch, a
+Redis, a model load), whatever its few steps. So each distinct end-to-end configuration that
+tests merely inspect is run once, by the session fixtures of tests/harness/conftest.py, and
+every such test reads the same directory. A test that changes a trial (resumes it, breaks its
+AOF, kills a component) works on `private_copy` of it, never on the shared directory; the
+session fails at its end if a shared directory was written to. The same holds for the finished
+experiments (`harness run`) some tests compare against.
+
+A recipe's trial may also serve a test that runs fewer steps of the same configuration: in
+fixed mode with the default constant learning rate, the first k steps of a longer trial are
+bitwise those of a k-step trial (`assert_same_metrics(..., steps=k)`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from harness.config import load_config, load_config_data
+from tests.harness.trial_helpers import REPO, SMALL_FIXED, run_trial, trial_command
+
+# Evals reduced to the primary greedy set (no sampled scores): a trial that pins mechanics,
+# not eval suites, has nothing to gain from the others.
+NO_EVALS = ("evals=[]", "eval.samples=0", "eval.pass_k=[]")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One `harness trial` configuration (tests/harness/trial_helpers.SMALL plus `extra`)."""
+
+    arm: str
+    steps: int
+    lag: int = 0
+    mode: str = "fixed"
+    backend: str = "torch"
+    extra: tuple[str, ...] = ()
+
+    def command(self, out: Path, *, steps: int | None = None, resume: bool = False) -> list[str]:
+        """Its argv into `out`: the recipe's configuration, `steps` (default its own) steps."""
+        return trial_command(
+            out,
+            self.arm,
+            steps=steps or self.steps,
+            lag=self.lag,
+            mode=self.mode,
+            backend=self.backend,
+            resume=resume,
+            extra=self.extra,
+        )
+
+    def run(
+        self, out: Path, *, steps: int | None = None, resume: bool = False
+    ) -> subprocess.CompletedProcess:
+        return run_trial(
+            out,
+            self.arm,
+            steps=steps or self.steps,
+            lag=self.lag,
+            mode=self.mode,
+            backend=self.backend,
+            resume=resume,
+            extra=self.extra,
+        )
+
+
+# GRPO, 2 steps at lag 0 (checkpoint at 2), primary greedy eval only: copied and broken by
+# test_trial_failures; test_trial_evals' trial without eval sets.
+GRPO_TWO_STEPS = Recipe("grpo", steps=2, extra=NO_EVALS)
+# GRPO at fixed lag 1, 14 steps: test_fault_injection's uninterrupted reference, and through
+# its first 4 steps test_trial's.
+GRPO_LAG1 = Recipe("grpo", steps=14, lag=1)
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One `harness run` on the local executor: the quickstart with `overrides`."""
+
+    overrides: tuple[str, ...]
+    steps: int
+    max_parallel: int
+
+    def run(self, root: Path) -> None:
+        """Into `root/out`, its config written to `root/exp.yaml`."""
+        from harness.experiment.run import run_experiment  # what collecting tests need not load
+
+        root.mkdir(parents=True)
+        config = root / "exp.yaml"
+        data = load_config_data(REPO / "configs/quickstart.yaml", list(self.overrides))
+        config.write_text(yaml.safe_dump(data, sort_keys=False))
+        done = run_experiment(
+            load_config(config), config, root / "out", (), self.max_parallel, self.steps,
+            report=False,
+        )  # fmt: skip
+        assert done.exit_code == 0, [(t.spec.trial_name, t.status, t.message) for t in done.trials]
+
+
+# GSPO at lag 0 (SMALL_FIXED), seeds 0 and 1 at once, 4 steps, output on a plain path:
+# test_bucket_output's reference (seed 0), and through its first 2 steps test_ray_executor's
+# local run that the Ray executor must match.
+GSPO_TWO_SEEDS = Experiment(
+    (*SMALL_FIXED, "arms=[{name: gspo, objective: gspo}]", "seeds=[0, 1]"), steps=4, max_parallel=2
+)
+
+
+def private_copy(finished: Path, out: Path) -> Path:
+    """A copy of a finished trial that a test may resume or break (the shared one stays)."""
+    shutil.copytree(finished, out, symlinks=True)
+    for pid_file in (out / "logs").glob("*.pid"):  # the finished trial's dead processes
+        pid_file.unlink()
+    return out
+
+
+def fingerprint(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under `root`: (size, mtime_ns); any write to the tree changes it."""
+    found = {}
+    for path in sorted(root.rglob("*")):
+        info = path.lstat()
+        found[str(path.relative_to(root))] = (info.st_size, info.st_mtime_ns)
+    return found
+
+
+class SharedTrials:
+    """Runs each recipe the first time a test asks for it; remembers what it handed out."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.finished: dict[Hashable, Path] = {}
+        self.prints: dict[Hashable, dict[str, tuple[int, int]]] = {}
+
+    def trial(self, recipe: Recipe) -> Path:
+        """The finished trial directory of `recipe`."""
+
+        def make(out: Path) -> None:
+            done = recipe.run(out)
+            assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+        return self._once(recipe, make)
+
+    def experiment(self, experiment: Experiment) -> Path:
+        """The finished experiment's output directory (`trials/<name>/` under it)."""
+        return self._once(experiment, experiment.run) / "out"
+
+    def _once(self, key: Hashable, make: Callable[[Path], None]) -> Path:
+        if key not in self.finished:
+            root = self.root / str(len(self.finished))
+            make(root)
+            self.finished[key], self.prints[key] = root, fingerprint(root)
+        return self.finished[key]
+
+    def changed(self) -> list[str]:
+        """Shared trials some test wrote to (it should have taken a `private_copy`)."""
+        return [
+            str(out) for key, out in self.finished.items() if fingerprint(out) != self.prints[key]
+        ]

@@ -1,0 +1,71 @@
+"""Learner runs in-process against a real redis-server, as the loop tests set them up.
+
+Each test keeps its own arm, learner settings and groups; what they share is the shape of the
+task (fixed mode, lag 0, the tiny policy's 8 new tokens) and a fresh set of buffer objects per
+run, so a second call acts as a restarted learner process (no state from the first).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from buffer.consumer import RolloutConsumer
+from buffer.telemetry import Telemetry
+from buffer.versions import VersionRegistry
+from buffer.weight_store import WeightStore
+from learner.config import ArmBase, LearnerConfig
+from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
+
+
+def fixed_task(
+    arm: ArmBase,
+    learner: LearnerConfig,
+    *,
+    seed: int,
+    group_size: int,
+    model_dir: Path,
+    trial_dir: Path,
+    take_timeout_s: float,
+) -> LearnerTask:
+    """A fixed-mode, lag-0 task on the tiny policy (8 new tokens a response)."""
+    return LearnerTask(
+        arm=arm,
+        learner=learner,
+        mode="fixed",
+        lag=0,
+        seed=seed,
+        group_size=group_size,
+        max_new_tokens=8,
+        model_dir=model_dir,
+        trial_dir=trial_dir,
+        take_timeout_s=take_timeout_s,
+    )
+
+
+def no_eval(_model: object, _step: int) -> float:
+    """An eval that costs nothing: these tests read the training rows, not eval scores."""
+    return 0.0
+
+
+def run_on_redis(
+    task: LearnerTask,
+    client,
+    run_id: str,
+    *,
+    weights_dir: Path,
+    evaluate: Callable[[object, int], float] = no_eval,
+    resume: bool = False,
+    on_step: Callable[[int, dict[str, float]], None] | None = None,
+) -> LearnerOutcome:
+    """One learner process on run `run_id`: a fresh consumer, telemetry and version registry."""
+    return run_learner(
+        task,
+        buffer=RolloutConsumer(client, run_id),
+        telemetry=Telemetry(client, run_id),
+        versions=VersionRegistry(client, run_id),
+        weights=WeightStore(weights_dir),
+        evaluate=evaluate,
+        resume=resume,
+        on_step=on_step,
+    )
