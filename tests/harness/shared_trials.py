@@ -1,16 +1,16 @@
 """Finished trials built once per test session and shared by every test that only reads them.
 
-A whole trial costs 20-60 s, most of it start-up (three Python processes importing torch, a
-Redis, a model load), whatever its few steps. So each distinct end-to-end configuration that
-tests merely inspect is run once, by the session fixtures of tests/harness/conftest.py, and
-every such test reads the same directory. A test that changes a trial (resumes it, breaks its
-AOF, kills a component) works on `private_copy` of it, never on the shared directory; the
-session fails at its end if a shared directory was written to. The same holds for the finished
-experiments (`harness run`) some tests compare against.
+A whole trial costs 15-40 s on 2 cores, most of it start-up (three Python processes importing
+torch and transformers, a Redis, a model load), whatever its few steps. So each distinct
+end-to-end configuration that tests merely inspect is run once, by the session fixtures of
+tests/harness/conftest.py, and every such test reads the same directory. A test that changes a
+trial (resumes it, breaks its AOF, kills a component) works on `private_copy` of it, never on
+the shared directory; the session fails at its end if a shared directory was written to. The
+same holds for the finished experiments (`harness run`) some tests compare against.
 
-A recipe's trial may also serve a test that runs fewer steps of the same configuration: in
-fixed mode with the default constant learning rate, the first k steps of a longer trial are
-bitwise those of a k-step trial (`assert_same_metrics(..., steps=k)`).
+A shared run may also serve a test that runs fewer steps of the same configuration: in fixed
+mode with the default constant learning rate, the first k steps of a longer trial are bitwise
+those of a k-step trial (`assert_same_metrics(..., steps=k)`).
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ class SharedTrials:
         self.root = root
         self.finished: dict[Hashable, Path] = {}
         self.prints: dict[Hashable, dict[str, tuple[int, int]]] = {}
+        self.failed: dict[Hashable, str] = {}
 
     def trial(self, recipe: Recipe) -> Path:
         """The finished trial directory of `recipe`."""
@@ -148,9 +149,16 @@ class SharedTrials:
         return self._once(experiment, experiment.run) / "out"
 
     def _once(self, key: Hashable, make: Callable[[Path], None]) -> Path:
+        """Make `key` on first use; a failed one fails every later user at once, not again."""
+        if key in self.failed:
+            raise AssertionError(f"the shared run failed in an earlier test: {self.failed[key]}")
         if key not in self.finished:
-            root = self.root / str(len(self.finished))
-            make(root)
+            root = self.root / str(len(self.finished) + len(self.failed))
+            try:
+                make(root)
+            except BaseException as exc:
+                self.failed[key] = f"{key}: {exc}"[:3000]
+                raise
             self.finished[key], self.prints[key] = root, fingerprint(root)
         return self.finished[key]
 
