@@ -24,7 +24,7 @@ from pathlib import Path
 import yaml
 
 from harness.config import load_config, load_config_data
-from tests.harness.trial_helpers import REPO, SMALL_FIXED, run_trial, trial_command
+from tests.harness.trial_helpers import REPO, SMALL_FIXED, run_argv, trial_command
 
 # Evals reduced to the primary greedy set (no sampled scores): a trial that pins mechanics,
 # not eval suites, has nothing to gain from the others.
@@ -58,16 +58,7 @@ class Recipe:
     def run(
         self, out: Path, *, steps: int | None = None, resume: bool = False
     ) -> subprocess.CompletedProcess:
-        return run_trial(
-            out,
-            self.arm,
-            steps=steps or self.steps,
-            lag=self.lag,
-            mode=self.mode,
-            backend=self.backend,
-            resume=resume,
-            extra=self.extra,
-        )
+        return run_argv(self.command(out, steps=steps, resume=resume))
 
 
 # GRPO, 2 steps at lag 0 (checkpoint at 2), primary greedy eval only: copied and broken by

@@ -71,16 +71,13 @@ def trial_command(
     return [*args, *SMALL, f"generation.backend={backend}", *extra]
 
 
+def run_argv(argv: list[str]) -> subprocess.CompletedProcess:
+    """Run a trial's argv from the repository root to its end (10 minutes at most)."""
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
+
+
 def run_trial(out: Path, arm: str, **kwargs) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        trial_command(out, arm, **kwargs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-        cwd=REPO,
-    )
-    return result
+    return run_argv(trial_command(out, arm, **kwargs))
 
 
 def metrics(out: Path) -> pd.DataFrame:
