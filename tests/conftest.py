@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server on a free loopback port, with a password, per test."""
+"""Shared fixtures: a real redis-server on a free loopback port, with a password, per test;
+every test leaves the process-wide objective registries as it found them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
 
 
@@ -97,6 +99,15 @@ def redis_server(tmp_path: Path) -> Iterator[RedisInstance]:
     instance = start_test_redis(data_dir)
     yield instance
     stop_test_redis(instance)
+
+
+@pytest.fixture(autouse=True)
+def _objective_registries_as_found() -> Iterator[None]:
+    """Loading a plugin (a test's, or a shipped config's such as objective_zoo.yaml) registers
+    its arm and loss process-wide; test_arms pins the registries' exact contents, so no test
+    may leave one behind for whichever test its worker runs next."""
+    with restored_registries():
+        yield
 
 
 # MLflow 3 opens `sqlite:///<cwd>/mlflow.db` (artifacts in `<cwd>/mlruns`) whenever a client gets

@@ -39,7 +39,7 @@ from harness.tasks.mixture import make_train_mixture
 from harness.trial.disk_space import disk_full_as_one_line
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
-from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
+from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
 
 
 def make_evaluator(cfg: ExperimentConfig, model_dir: Path, trial_seed: int) -> EvalSuite:
@@ -244,20 +244,12 @@ def run_learner_component(
                     weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
                     on_step = _with_progress_push(on_step, sync)
                 evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
+                ports = LearnerPorts(buffer, telemetry, versions, weights, evaluate)
             else:
-                buffer = telemetry = versions = weights = evaluate = _RankZeroOnly()
+                stand_in = _RankZeroOnly()
+                ports = LearnerPorts(stand_in, stand_in, stand_in, stand_in, stand_in)
             with resume_failures_as_one_line():
-                outcome = run_learner(
-                    task,
-                    buffer=buffer,
-                    telemetry=telemetry,
-                    versions=versions,
-                    weights=weights,
-                    evaluate=evaluate,
-                    resume=resume,
-                    on_step=on_step,
-                    dist=dist,
-                )
+                outcome = run_learner(task, ports, resume=resume, on_step=on_step, dist=dist)
         if dist.is_main:
             _record_outcome(paths, outcome, sync)
         return outcome

@@ -29,13 +29,7 @@ import numpy as np
 import torch
 
 from buffer.collate import collate
-from buffer.streams import (
-    RolloutSource,
-    SlotRefusedError,
-    TelemetryReader,
-    VersionPublisher,
-    WeightWriter,
-)
+from buffer.streams import SlotRefusedError
 from contract import metrics as M
 from contract.trial import TrialStatus
 from learner.runtime.checkpoint import TrainingState
@@ -44,7 +38,7 @@ from learner.runtime.intake import model_limits
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.published import PublishedWeights
 from learner.runtime.records import StepRecords
-from learner.runtime.resume import Commits, Evaluate, start_or_resume
+from learner.runtime.resume import Commits, start_or_resume
 from learner.runtime.step import (
     DivergenceError,
     StepModels,
@@ -55,19 +49,21 @@ from learner.runtime.step import (
 from learner.runtime.step_io import StepWriter
 from learner.runtime.step_metrics import grad_spikes, ledger_rows, perf_metrics, step_metrics
 from learner.runtime.take import NOTHING, BatchTaker, Taken
-from learner.runtime.task import LearnerOutcome, LearnerTask
+from learner.runtime.task import Evaluate, LearnerOutcome, LearnerPorts, LearnerTask
 
-__all__ = ["LearnerOutcome", "LearnerTask", "configure_determinism", "run_learner"]
+__all__ = [
+    "LearnerOutcome",
+    "LearnerPorts",
+    "LearnerTask",
+    "configure_determinism",
+    "run_learner",
+]
 
 
 def run_learner(
     task: LearnerTask,
+    ports: LearnerPorts,
     *,
-    buffer: RolloutSource,
-    telemetry: TelemetryReader,
-    versions: VersionPublisher,
-    weights: WeightWriter,
-    evaluate: Evaluate,
     resume: bool = False,
     on_step: Callable[[int, dict[str, float]], None] | None = None,
     dist: DistContext = SINGLE,
@@ -79,17 +75,10 @@ def run_learner(
     models = build_step_models(task.model_dir, task.arm, cfg, total_steps)
     train_models = wrap_ddp(models, dist)  # checkpoints, weight store and eval use `models`
     state, published, records, commits = start_or_resume(
-        task,
-        models,
-        buffer=buffer,
-        versions=versions,
-        weights=weights,
-        evaluate=evaluate,
-        resume=resume,
-        dist=dist,
+        task, models, ports, resume=resume, dist=dist
     )
     config = models.policy.module.config
-    taker = BatchTaker(buffer, task, model_limits(config), trained=state.trained_group_ids)
+    taker = BatchTaker(ports.buffer, task, model_limits(config), trained=state.trained_group_ids)
     metrics: dict[str, float] = {}
     if task.mode == "fixed" and state.refused_slots:  # the checkpoint recorded one: fail at once
         return _refused(state, metrics)
@@ -136,10 +125,10 @@ def run_learner(
             state.trained_group_ids = taker.settle(taken)
             metrics = step_metrics(taken, result.metrics, step)  # record
             metrics |= grad_spikes(state, metrics[M.OPTIM_GRAD_NORM], cfg.grad_spike_factor)
-            metrics |= telemetry.buffer_metrics() | telemetry.generator_metrics()
+            metrics |= ports.telemetry.buffer_metrics() | ports.telemetry.generator_metrics()
             metrics |= perf_metrics(t_wait, t_train, t_publish, t_published, checkpoint_s)
             if state.step % cfg.eval_every == 0 or state.step == total_steps:
-                metrics |= _evaluate(evaluate, published, records, state.step, snapshot)
+                metrics |= _evaluate(ports.evaluate, published, records, state.step, snapshot)
             rows = ledger_rows(taken, step)
             step_io.submit(partial(records.append, state.step, time.time(), dict(metrics), rows))
             checkpoint_s = None

@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
 from functools import partial
 from typing import NamedTuple
 
-from torch import nn
-
-from buffer.streams import Delivery, RolloutSource, VersionPublisher, WeightWriter
+from buffer.streams import Delivery, RolloutSource
 from contract import metrics as M
-from contract.evals import EvalReport
 from contract.layout import TrialPaths
 from learner.runtime.checkpoint import CheckpointStore, ResumeError, TrainingState
 from learner.runtime.distributed import DistContext
@@ -34,9 +30,7 @@ from learner.runtime.models import checkpoint_modules
 from learner.runtime.published import PublishedWeights, versions_to_keep
 from learner.runtime.records import StepRecords
 from learner.runtime.step import StepModels
-from learner.runtime.task import LearnerTask
-
-Evaluate = Callable[[nn.Module, int], EvalReport | float]
+from learner.runtime.task import LearnerPorts, LearnerTask
 
 
 class Commits:
@@ -82,11 +76,8 @@ class Start(NamedTuple):
 def start_or_resume(
     task: LearnerTask,
     models: StepModels,
+    ports: LearnerPorts,
     *,
-    buffer: RolloutSource,
-    versions: VersionPublisher,
-    weights: WeightWriter,
-    evaluate: Evaluate,
     resume: bool,
     dist: DistContext,
 ) -> Start:
@@ -96,8 +87,15 @@ def start_or_resume(
     modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval
     keep = versions_to_keep(task.learner, task.lag)
     published = PublishedWeights(
-        models, task.learner, task.model_dir, dist, weights=weights, versions=versions, keep=keep
+        models,
+        task.learner,
+        task.model_dir,
+        dist,
+        weights=ports.weights,
+        versions=ports.versions,
+        keep=keep,
     )
+    buffer = ports.buffer
     records = StepRecords(task.trial_dir)
     checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints, records=records.vouched)
     state = TrainingState()
@@ -120,7 +118,7 @@ def start_or_resume(
         records.truncate_after(-1)
         published.publish_initial(resume=resume)
         with published.eval_model() as model:
-            pass_rate = records.eval_pass_rate(0, evaluate(model, 0))
+            pass_rate = records.eval_pass_rate(0, ports.evaluate(model, 0))
         records.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     return Start(state, published, records, Commits(checkpoints, modules, buffer, dist))
 

@@ -1,6 +1,7 @@
-"""What a learner run is given (`LearnerTask`, built by the harness) and how it ended
-(`LearnerOutcome`): the two ends of `learner.runtime.loop.run_learner`, in a module of their
-own so the loop's components (take, resume) read the task without importing the loop."""
+"""What a learner run is given (`LearnerTask`, built by the harness), what it talks to
+(`LearnerPorts`) and how it ended (`LearnerOutcome`): the ends of
+`learner.runtime.loop.run_learner`, in a module of their own so the loop's components (take,
+resume) read them without importing the loop."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from torch import nn
+
+from buffer.streams import RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
+from contract.evals import EvalReport
 from contract.trial import StalenessMode, TrialStatus
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, LearnerConfig
@@ -40,6 +45,24 @@ class LearnerTask:
     def total_steps(self) -> int:
         """The steps this run trains: `steps` when capped, else `learner.steps`."""
         return self.steps or self.learner.steps
+
+
+# Scores a policy after `step` updates: the primary pass rate, or the report of every eval set.
+Evaluate = Callable[[nn.Module, int], EvalReport | float]
+
+
+@dataclass(frozen=True)
+class LearnerPorts:
+    """What the learner reads from and writes to, besides files: the rollout stream, the
+    generators' telemetry, the version registry, the weight store and the evaluator. Built by
+    the harness (Redis, local or remote weights) or a test; ranks other than 0 get stand-ins
+    that refuse every call, since rank 0 alone talks to them."""
+
+    buffer: RolloutSource
+    telemetry: TelemetryReader
+    versions: VersionPublisher
+    weights: WeightWriter
+    evaluate: Evaluate
 
 
 @dataclass

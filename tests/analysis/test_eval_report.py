@@ -3,6 +3,7 @@ and of an old-style experiment whose trials have only `eval/pass_rate`."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -16,19 +17,11 @@ from analysis import ReportConfig, build_report, build_report_from_mlflow
 from analysis.mlflow_report import OUT_DIR_TAG, PARENT_TAG
 from analysis.synthetic import SyntheticSpec, write_experiment
 from contract import evals as ev
+from tests.analysis.experiments import TWO_ARMS
 
 FAST = ReportConfig(n_resamples=300, curve_resamples=200, figure_dpi=50)
 TABLES_ONLY = ReportConfig(n_resamples=300, curve_resamples=200, make_figures=False)
-SPEC = SyntheticSpec(
-    skill={"gspo": 0.7, "grpo": 0.55},
-    seeds=(0, 1, 2),
-    lags=(0, 2),
-    steps=30,
-    eval_every=10,
-    eval_sets=("heldout", "hard"),
-    tokens_per_step=1000.0,
-    diverged=(("grpo", 1, 2, 15),),
-)
+SPEC = replace(TWO_ARMS, eval_sets=("heldout", "hard"), tokens_per_step=1000.0)
 NEW_SECTIONS = {
     "eval_set_scores",
     "eval_aggregate",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from analysis.render import format_number
 from analysis.summary import SUMMARY_COLUMNS
 from analysis.synthetic import SyntheticSpec, write_experiment
 from contract import metrics as mn
+from tests.analysis.experiments import TWO_ARMS
 
 FAST = ReportConfig(n_resamples=400, curve_resamples=200, figure_dpi=50)
 TABLES_ONLY = ReportConfig(n_resamples=400, curve_resamples=200, make_figures=False)
@@ -30,16 +32,7 @@ FIGURES = {
     "time_to_threshold",
     "compute_matched",
 }
-SPEC = SyntheticSpec(
-    skill={"gspo": 0.7, "grpo": 0.55},
-    seeds=(0, 1, 2),
-    lags=(0, 2),
-    steps=30,
-    eval_every=10,
-    rows_per_part=8,
-    diverged=(("grpo", 1, 2, 15),),
-    failed=(("gspo", 2, 0),),
-)
+SPEC = replace(TWO_ARMS, rows_per_part=8, failed=(("gspo", 2, 0),))
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,10 @@ from tests.harness.shared_trials import GRPO_LAG1, GRPO_TWO_STEPS, GSPO_TWO_SEED
 
 @pytest.fixture(scope="session")
 def shared_trials(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedTrials]:
-    trials = SharedTrials(tmp_path_factory.mktemp("shared_trials"))
+    # pytest-xdist: every worker's base temp dir sits in one folder of the run; share it.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    trials = SharedTrials(shared / "shared_trials")
     yield trials
     changed = trials.changed()
     assert not changed, f"tests wrote to shared trials {changed}: take a private_copy instead"

@@ -15,6 +15,7 @@ those of a k-step trial (`assert_same_metrics(..., steps=k)`).
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 from collections.abc import Callable, Hashable
@@ -24,11 +25,14 @@ from pathlib import Path
 import yaml
 
 from harness.config import load_config, load_config_data
+from harness.file_lock import file_lock
 from tests.harness.trial_helpers import REPO, SMALL_FIXED, run_argv, trial_command
 
 # Evals reduced to the primary greedy set (no sampled scores): a trial that pins mechanics,
 # not eval suites, has nothing to gain from the others.
 NO_EVALS = ("evals=[]", "eval.samples=0", "eval.pass_k=[]")
+# How long a test worker waits for another one running the same shared recipe.
+SHARED_RUN_WAIT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -118,13 +122,20 @@ def fingerprint(root: Path) -> dict[str, tuple[int, int]]:
 
 
 class SharedTrials:
-    """Runs each recipe the first time a test asks for it; remembers what it handed out."""
+    """Runs each recipe the first time a test asks for it; remembers what it handed out.
+
+    Under pytest-xdist every worker has its own session, so the recipes live in a folder all
+    workers share (`root`), one directory per recipe named by its digest: the first worker to
+    ask runs it under a file lock, the others wait for the lock and read the same directory. A
+    failed run leaves its reason next to it, and every later user fails at once instead of
+    running it again.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
         self.finished: dict[Hashable, Path] = {}
         self.prints: dict[Hashable, dict[str, tuple[int, int]]] = {}
-        self.failed: dict[Hashable, str] = {}
 
     def trial(self, recipe: Recipe) -> Path:
         """The finished trial directory of `recipe`."""
@@ -140,16 +151,21 @@ class SharedTrials:
         return self._once(experiment, experiment.run) / "out"
 
     def _once(self, key: Hashable, make: Callable[[Path], None]) -> Path:
-        """Make `key` on first use; a failed one fails every later user at once, not again."""
-        if key in self.failed:
-            raise AssertionError(f"the shared run failed in an earlier test: {self.failed[key]}")
+        """Make `key` on first use in any worker; a failed one fails every later user at once."""
         if key not in self.finished:
-            root = self.root / str(len(self.finished) + len(self.failed))
-            try:
-                make(root)
-            except BaseException as exc:
-                self.failed[key] = f"{key}: {exc}"[:3000]
-                raise
+            root = self.root / hashlib.sha256(repr(key).encode()).hexdigest()[:16]
+            failed, done = root.with_suffix(".failed"), root.with_suffix(".done")
+            with file_lock(root.with_suffix(".lock"), SHARED_RUN_WAIT_S, "another test worker"):
+                if failed.exists():
+                    raise AssertionError(f"the shared run failed earlier: {failed.read_text()}")
+                if not done.exists():  # made where it stays: runs record absolute paths
+                    shutil.rmtree(root, ignore_errors=True)  # a run killed half-way
+                    try:
+                        make(root)
+                    except BaseException as exc:
+                        failed.write_text(f"{key}: {exc}"[:3000])
+                        raise
+                    done.touch()
             self.finished[key], self.prints[key] = root, fingerprint(root)
         return self.finished[key]
 

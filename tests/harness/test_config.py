@@ -9,7 +9,6 @@ import pytest
 from analysis.config import ReportConfig
 from harness.config import ConfigError, load_config, resolved_dump, validate_config
 from harness.overrides import apply_overrides, parse_override
-from tests.learner.registries import restored_registries
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -254,9 +253,6 @@ def test_model_dump_is_pydantics_own_and_the_resolved_form_omits_the_table() -> 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_resolves_to_itself(path: Path) -> None:
-    # objective_zoo.yaml loads a plugin, which registers its arm process-wide: leave the
-    # registries as found (tests/learner/test_arms.py pins their exact contents).
-    with restored_registries():
-        cfg = load_config(path)
-        again = validate_config(resolved_dump(cfg))
-        assert again == cfg and again.config_hash() == cfg.config_hash()
+    cfg = load_config(path)  # objective_zoo.yaml loads a plugin (tests/conftest.py restores)
+    again = validate_config(resolved_dump(cfg))
+    assert again == cfg and again.config_hash() == cfg.config_hash()

@@ -11,23 +11,21 @@ here is sensitive to that mistake.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import get_args
 
 import pytest
 
 from buffer.collate import RolloutBatch, collate
-from buffer.schema import RolloutGroup
 from contract import metrics as M
 from harness.config import GenerationConfig
-from harness.generators import Generator, GenRequest, SamplingSettings, make_generator, sample_seed
+from harness.generators import Generator, SamplingSettings, make_generator
 from harness.models.tokenizer import PAD_ID
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
-from learner.runtime.step import train_on_batch
 from learner.vocabulary import Objective
+from tests.learner.rollout_steps import group_requests, sampled_groups, train_step
 from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir
 
 GROUP_SIZE = 4
@@ -54,33 +52,16 @@ def torch_generator(model_dir: Path) -> Generator:
     return make_generator(GenerationConfig(backend="torch", threads=1), model_dir, seed=0)
 
 
+def alternating(responses: list[list[int]]) -> list[float]:
+    """Rewards 0, 1, 0, 1, ...: every group has an advantage, whatever was sampled."""
+    return [float(j % 2) for j in range(len(responses))]
+
+
 def generated_batch(generator: Generator, sampling: SamplingSettings) -> RolloutBatch:
     """One learner batch of groups sampled by `generator` at version 0, collated."""
     generator.sampling = sampling
-    requests = [
-        GenRequest(prompt, [sample_seed(3, 0, i, j) for j in range(GROUP_SIZE)], MAX_NEW_TOKENS)
-        for i, prompt in enumerate(PROMPTS)
-    ]
-    groups = [
-        RolloutGroup(
-            run_id="test",
-            group_id=f"g{i}",
-            prompt_index=i,
-            prompt_ids=request.prompt_ids,
-            response_ids=result.response_ids,
-            behavior_logprobs=result.behavior_logprobs,
-            rewards=[float(j % 2) for j in range(GROUP_SIZE)],  # every group has an advantage
-            reward_infos=["{}"] * GROUP_SIZE,
-            finish_reasons=result.finish_reasons,
-            policy_version=0,
-            generator_id="gen-test",
-            created_at=datetime.now(UTC),
-        )
-        for i, (request, result) in enumerate(
-            zip(requests, generator.generate(requests), strict=True)
-        )
-    ]
-    return collate(groups, pad_id=PAD_ID)
+    requests = group_requests(PROMPTS, GROUP_SIZE, MAX_NEW_TOKENS, seed=3, step=0)
+    return collate(sampled_groups(generator, requests, alternating), pad_id=PAD_ID)
 
 
 def first_update_metrics(
@@ -90,15 +71,8 @@ def first_update_metrics(
     arm = make_arm(name=objective, objective=objective)
     cfg = LearnerConfig(prompts_per_step=len(PROMPTS), minibatches=1, old_logprobs="behavior")
     models = build_step_models(model_dir, arm, cfg, total_steps=1)
-    result = train_on_batch(
-        models,
-        batch,
-        arm=arm,
-        learner=cfg,
-        group_size=GROUP_SIZE,
-        max_len=MAX_NEW_TOKENS,
-        version=0,
-        sampling=sampling,
+    result = train_step(
+        models, batch, arm, cfg, group_size=GROUP_SIZE, max_len=MAX_NEW_TOKENS, sampling=sampling
     )
     return result.metrics
 

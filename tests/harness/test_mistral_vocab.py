@@ -213,7 +213,10 @@ def test_vllm_cpu_loads_the_directory_and_generates(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_gsm8k_format_cpu_config_end_to_end(tmp_path: Path) -> None:
-    """`configs/gsm8k_format_cpu.yaml` as shipped (model cached in ~/.cache), 2 learner steps."""
+    """`configs/gsm8k_format_cpu.yaml` as shipped (model cached in ~/.cache), 2 learner steps,
+    with the torch generator: what is pinned is the config, its chat template, warm start and
+    GSM8K verifier end to end; vLLM on this vocabulary is test_vllm_cpu_loads_the_directory_and_
+    generates' (its engine start on 32,000 logits cost this test 40-70 s)."""
     import json
     import subprocess
     import sys
@@ -227,7 +230,7 @@ def test_gsm8k_format_cpu_config_end_to_end(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "harness.cli", "trial", "configs/gsm8k_format_cpu.yaml",
         "--arm", "grpo", "--seed", "0", "--lag", "0", "--out", str(tmp_path), "--steps", "2",
-        "learner.eval_every=2", "learner.checkpoint_every=2",
+        "learner.eval_every=2", "learner.checkpoint_every=2", "generation.backend=torch",
     ]  # fmt: skip
     result = subprocess.run(
         command, capture_output=True, text=True, timeout=1800, check=False, cwd=REPO

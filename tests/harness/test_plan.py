@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from harness.planning.architecture import load_shape
 from harness.planning.memory import ROUTED_MODEL_TYPES, Phase, estimate, logit_bytes, scoring_passes
 from harness.planning.plan import builtin_shape, parse_size
 from harness.planning.setup import LearnerSetup
+from tests.harness.trial_helpers import harness, run_argv
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"vocab_size": 100, "hidden_size": 16, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -250,25 +250,12 @@ def test_parse_size_units_and_errors():
 # layers (qwen3_moe: 8 experts of width 128, top-2), with the 32,000 entries of the built-in
 # mistral-v1 tokenizer, so logits weigh as they do in a real model; 8 groups of 8 random rows
 # (tests.learner.tiny.random_groups, at most 9 tokens).
+# What the two measured models share: tokenizer, width, depth and heads.
+COMMON = dict(tokenizer="mistral-v1", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2)
 MEASURED_MODELS = {
-    "qwen2": ModelConfig(
-        tokenizer="mistral-v1",
-        hidden_size=128,
-        intermediate_size=512,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-    ),
+    "qwen2": ModelConfig(**COMMON, intermediate_size=512),
     "qwen3_moe": ModelConfig(
-        arch="qwen3_moe",
-        tokenizer="mistral-v1",
-        hidden_size=128,
-        intermediate_size=128,
-        num_layers=4,
-        num_heads=4,
-        num_kv_heads=2,
-        num_experts=8,
-        experts_per_token=2,
+        **COMMON, arch="qwen3_moe", intermediate_size=128, num_experts=8, experts_per_token=2
     ),
 }
 MEASURED_VOCAB = 32_000
@@ -342,15 +329,7 @@ def _measure_and_estimate(arch: str, directory: Path) -> tuple[dict, dict]:
         "import sys; from tests.harness.test_plan import measure_steps; "
         "measure_steps(sys.argv[1], sys.argv[2])"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code, str(directory), arch],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    run = run_argv([sys.executable, "-c", code, str(directory), arch], env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     measured = json.loads(run.stdout.strip().splitlines()[-1])
     shape = load_shape(directory)
@@ -398,17 +377,6 @@ def test_moe_estimate_is_within_2x_of_a_measured_step(tmp_path: Path):
 
 
 # --- the command line ---------------------------------------------------------------------
-
-
-def harness(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
 
 
 GPU_CONFIG = "configs/gspo_vs_grpo_gpu.yaml"

@@ -33,6 +33,7 @@ from tests.harness.trial_helpers import (
     kill_component,
     metrics,
     process_alive,
+    run_argv,
     run_trial,
     status,
     trial_command,
@@ -155,15 +156,7 @@ def _run_with_learner_exit_after(out: Path, step: int, extra: tuple[str, ...] = 
     """A trial whose learner dies abruptly right after logging `step` (the learner's
     fault-injection hook, harness.trial.learner_main): it fails, resumably."""
     env = {**os.environ, FAULT_EXIT_AFTER_STEP_ENV: str(step)}
-    result = subprocess.run(
-        trial_command(out, "grpo", steps=STEPS, lag=1, extra=extra),
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    result = run_argv(trial_command(out, "grpo", steps=STEPS, lag=1, extra=extra), env=env)
     assert result.returncode != 0, result.stdout + result.stderr
     assert status(out) == "failed"
     assert f"fault injection: exiting after step {step}" in (out / "logs/learner.log").read_text()

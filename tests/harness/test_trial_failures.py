@@ -182,6 +182,13 @@ def _components(out: Path) -> list[int]:
     return pids + _redis_pids(out)
 
 
+def _resumed_copy(finished: Path, tmp_path: Path) -> tuple[Path, subprocess.Popen, list[int]]:
+    """A private copy of `finished`, resumed till every component works: (out, supervisor, pids)."""
+    out = private_copy(finished, tmp_path / "trial")
+    supervisor = _start_resume(out)
+    return out, supervisor, _components(out)
+
+
 def _gone_after(pids: list[int], since: float, limit_s: float) -> float:
     """Seconds from `since` until none of `pids` runs; fails past `limit_s`."""
     while any(process_alive(pid) for pid in pids):
@@ -194,9 +201,7 @@ def _gone_after(pids: list[int], since: float, limit_s: float) -> float:
 def test_a_killed_supervisor_takes_its_components_within_a_second(
     finished: Path, tmp_path: Path
 ) -> None:
-    out = private_copy(finished, tmp_path / "trial")
-    supervisor = _start_resume(out)
-    pids = _components(out)
+    _, supervisor, pids = _resumed_copy(finished, tmp_path)
     assert len(pids) == 3 and all(process_alive(pid) for pid in pids)
     supervisor.send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -207,9 +212,7 @@ def test_a_killed_supervisor_takes_its_components_within_a_second(
 def test_a_killed_redis_ends_the_trial_within_seconds_in_one_line(
     finished: Path, tmp_path: Path
 ) -> None:
-    out = private_copy(finished, tmp_path / "trial")
-    supervisor = _start_resume(out)
-    pids = _components(out)
+    out, supervisor, pids = _resumed_copy(finished, tmp_path)
     redis_pid = pids[-1]
     os.kill(redis_pid, signal.SIGKILL)
     killed = time.monotonic()

@@ -71,9 +71,18 @@ def trial_command(
     return [*args, *SMALL, f"generation.backend={backend}", *extra]
 
 
-def run_argv(argv: list[str]) -> subprocess.CompletedProcess:
-    """Run a trial's argv from the repository root to its end (10 minutes at most)."""
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, cwd=REPO)
+def run_argv(
+    argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
+    """Run an argv from the repository root to its end (`timeout` s at most), output as text."""
+    return subprocess.run(
+        argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def harness(*args: str) -> subprocess.CompletedProcess:
+    """The `harness` command line as a user runs it, for commands that answer within 2 minutes."""
+    return run_argv([sys.executable, "-m", "harness.cli", *args], timeout=120)
 
 
 def run_trial(out: Path, arm: str, **kwargs) -> subprocess.CompletedProcess:

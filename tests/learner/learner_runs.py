@@ -15,7 +15,7 @@ from buffer.telemetry import Telemetry
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
 from learner.config import ArmBase, LearnerConfig
-from learner.runtime.loop import LearnerOutcome, LearnerTask, run_learner
+from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
 
 
 def fixed_task(
@@ -59,13 +59,11 @@ def run_on_redis(
     on_step: Callable[[int, dict[str, float]], None] | None = None,
 ) -> LearnerOutcome:
     """One learner process on run `run_id`: a fresh consumer, telemetry and version registry."""
-    return run_learner(
-        task,
+    ports = LearnerPorts(
         buffer=RolloutConsumer(client, run_id),
         telemetry=Telemetry(client, run_id),
         versions=VersionRegistry(client, run_id),
         weights=WeightStore(weights_dir),
         evaluate=evaluate,
-        resume=resume,
-        on_step=on_step,
     )
+    return run_learner(task, ports, resume=resume, on_step=on_step)

@@ -19,20 +19,17 @@ along the sequence. GSPO-token weights each token by its own rho_t instead of rh
 from __future__ import annotations
 
 import copy
-from datetime import UTC, datetime
 
 import torch
 
 from buffer.collate import collate
 from buffer.schema import RolloutGroup
 from contract import metrics as M
-from harness.generators import GenRequest
-from harness.generators.base import sample_seed
 from harness.generators.torch_backend import TorchGenerator
 from learner.algorithms.sampling_dist import PLAIN
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.models import build_step_models
-from learner.runtime.step import train_on_batch
+from tests.learner.rollout_steps import group_requests, sampled_groups, train_step
 from tests.learner.tiny import save_tiny_policy
 from tests.tiny_models import RAW_IDS
 
@@ -51,39 +48,19 @@ def reward(response: list[int]) -> float:
     return sum(token % 2 == 0 for token in response) / len(response)
 
 
+def rewards(responses: list[list[int]]) -> list[float]:
+    """A group's rewards: each response verified on its own."""
+    return [reward(ids) for ids in responses]
+
+
 def rollouts(behaviour: torch.nn.Module, step: int, version: int) -> list[RolloutGroup]:
     """Step `step`'s groups, sampled and scored by the weights of `version` (the generator's
     seeded sampler: the same weights give the same tokens)."""
     generator = TorchGenerator.around(
         behaviour, sampling=PLAIN, eos_token_id=RAW_IDS.eos, pad_token_id=RAW_IDS.pad
     )
-    requests = [
-        GenRequest(
-            prompt_ids=prompt,
-            seeds=[sample_seed(0, step, index, j) for j in range(GROUP_SIZE)],
-            max_new_tokens=MAX_NEW_TOKENS,
-        )
-        for index, prompt in enumerate(PROMPTS)
-    ]
-    return [
-        RolloutGroup(
-            run_id="wiring",
-            group_id=f"s{step}g{index}",
-            prompt_index=index,
-            prompt_ids=request.prompt_ids,
-            response_ids=result.response_ids,
-            behavior_logprobs=result.behavior_logprobs,
-            rewards=[reward(ids) for ids in result.response_ids],
-            reward_infos=["{}"] * GROUP_SIZE,
-            finish_reasons=result.finish_reasons,
-            policy_version=version,
-            generator_id="gen",
-            created_at=datetime.now(UTC),
-        )
-        for index, (request, result) in enumerate(
-            zip(requests, generator.generate(requests), strict=True)
-        )
-    ]
+    requests = group_requests(PROMPTS, GROUP_SIZE, MAX_NEW_TOKENS, seed=0, step=step)
+    return sampled_groups(generator, requests, rewards, version)
 
 
 def train_at_fixed_lag(model_dir, correction: str) -> list[dict]:
@@ -99,14 +76,8 @@ def train_at_fixed_lag(model_dir, correction: str) -> list[dict]:
         version = max(0, step - LAG)
         groups = rollouts(versions[version], step, version)
         batch = collate(groups, pad_id=RAW_IDS.pad)  # as the learner loop builds a step's batch
-        result = train_on_batch(
-            models,
-            batch,
-            arm=arm,
-            learner=cfg,
-            group_size=GROUP_SIZE,
-            max_len=MAX_NEW_TOKENS,
-            version=step,
+        result = train_step(
+            models, batch, arm, cfg, group_size=GROUP_SIZE, max_len=MAX_NEW_TOKENS, version=step
         )
         steps.append(
             {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -131,13 +132,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def run_on_ranks(worker: Callable[[int, int, Path, Path], None], root: Path) -> tuple[Path, Path]:
+    """Run `worker(rank, port, model_dir, root)` on WORLD ranks over a new tiny policy in root."""
+    model_dir = save_tiny_policy(root / "model")
+    mp.spawn(worker, args=(_free_port(), model_dir, root), nprocs=WORLD, join=True)
+    return model_dir, root
+
+
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> tuple[Path, Path]:
     """Run the 2-rank steps once for every test of the module: (model_dir, output dir)."""
-    root = tmp_path_factory.mktemp("ddp")
-    model_dir = save_tiny_policy(root / "model")
-    mp.spawn(_worker, args=(_free_port(), model_dir, root), nprocs=WORLD, join=True)
-    return model_dir, root
+    return run_on_ranks(_worker, tmp_path_factory.mktemp("ddp"))
 
 
 def test_broadcast_batch_round_trips_every_field(two_ranks) -> None:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from buffer.collate import RolloutBatch
 from learner.algorithms.masking import LOSS_AGGREGATIONS
@@ -31,13 +30,11 @@ from learner.runtime.sharding import gather_full_weights, is_sharded
 from learner.runtime.step import StepModels, train_on_batch
 from tests.learner.test_distributed import (
     GROUP_SIZE,
-    WORLD,
     _batch,
-    _free_port,
     join_cpu_rank,
+    run_on_ranks,
     two_epoch_config,
 )
-from tests.learner.tiny import save_tiny_policy
 
 STEPS = 3
 SCALE = {"micro_batch_tokens": 12, "logprob_chunk_tokens": 5, "activation_checkpointing": True}
@@ -150,10 +147,7 @@ def _train_once(models: StepModels, cfg: LearnerConfig, dist: DistContext, versi
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory) -> tuple[Path, Path]:
     """Run every 2-rank case once for the module: (model_dir, output dir)."""
-    root = tmp_path_factory.mktemp("fsdp")
-    model_dir = save_tiny_policy(root / "model")
-    mp.spawn(_worker, args=(_free_port(), model_dir, root), nprocs=WORLD, join=True)
-    return model_dir, root
+    return run_on_ranks(_worker, tmp_path_factory.mktemp("fsdp"))
 
 
 @pytest.mark.parametrize("name", list(CASES))

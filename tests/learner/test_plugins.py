@@ -19,16 +19,8 @@ from learner.config import ARM_MODELS, make_arm
 from learner.plugins import PluginError, load_plugins
 from tests.harness.trial_helpers import REPO, metrics, run_trial
 from tests.learner.objective_inputs import run
-from tests.learner.registries import restored_registries
 
 EXAMPLE = REPO / "examples" / "clipped_reinforce.py"
-
-
-@pytest.fixture(autouse=True)
-def _registries_as_found():
-    """Plugins register process-wide; each test leaves the registries as it found them."""
-    with restored_registries():
-        yield
 
 
 def _config(plugin: Path | str, objective: str = "clipped_reinforce", **arm: object) -> dict:

@@ -26,6 +26,7 @@ from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
 from learner.runtime.step import train_on_batch
 from learner.vocabulary import Objective
+from tests.learner.rollout_steps import train_step
 from tests.learner.tiny import random_groups, save_tiny_policy
 from tests.tiny_models import RAW_IDS, TinyArch, tiny_config
 
@@ -164,15 +165,8 @@ def test_tokens_outside_the_learner_nucleus_give_no_nan(
         )
     floored = (lp == LOGPROB_FLOOR) & batch.response_mask.bool()
     assert 0 < int(floored.sum()) < int(batch.response_mask.sum())  # both kinds of token present
-    result = train_on_batch(
-        models,
-        batch,
-        arm=arm,
-        learner=cfg,
-        group_size=GROUP_SIZE,
-        max_len=8,
-        version=0,
-        sampling=sampling,
+    result = train_step(
+        models, batch, arm, cfg, group_size=GROUP_SIZE, max_len=8, sampling=sampling
     )
     # NaN by definition here: no stale row (all version 0), and naive applies no weight.
     not_measured = {M.STALENESS_KL_BEHAVIOR} | (

@@ -94,16 +94,21 @@ def test_extension_command_runs_only_the_missing_trials(tmp_path: Path, steps: i
     assert [t.problem for t in states] == [None] * len(states)
 
 
-def test_next_step_rows_from_the_power_table(tmp_path: Path) -> None:
+def _next_steps_after(tmp_path: Path, power: list[dict]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A finished 3-seed experiment's next-step rows from `power`: (all, seeds_needed by key)."""
     root = tmp_path / "exp"
     facts = launch_facts(root, _finished_experiment(root))
+    out = to_frame(next_step_rows(to_frame(power), facts))
+    return out, out[out["statistic"] == "seeds_needed"].set_index(["comparison", "lag"])
+
+
+def test_next_step_rows_from_the_power_table(tmp_path: Path) -> None:
     power = [
         row("power", "seeds_needed", 6.0, lag=0, comparison="grpo vs gspo"),
         row("power", "seeds_needed", 2.0, lag=2, comparison="grpo vs gspo"),
         row("power", "seeds_needed", float("nan"), lag=2, comparison="gspo vs ppo", note="d: x"),
     ]
-    out = to_frame(next_step_rows(to_frame(power), facts))
-    needed = out[out["statistic"] == "seeds_needed"].set_index(["comparison", "lag"])
+    out, needed = _next_steps_after(tmp_path, power)
     lag0 = needed.loc[("grpo vs gspo", 0)]
     assert lag0["value"] == 6 and lag0["n"] == 3
     assert _parse_run(lag0["note"].removeprefix("run: "))["overrides"] == ["seeds=range(0,6)"]
@@ -152,14 +157,11 @@ def test_the_printed_seeds_parse_through_the_real_config_loader(
 
 
 def test_more_than_fifty_seeds_get_advice_instead_of_a_command(tmp_path: Path) -> None:
-    root = tmp_path / "exp"
-    facts = launch_facts(root, _finished_experiment(root))
     power = [
         row("power", "seeds_needed", 216.0, lag=0, comparison="grpo vs gspo"),
         row("power", "seeds_needed", 12.0, lag=2, comparison="grpo vs gspo"),
     ]
-    out = to_frame(next_step_rows(to_frame(power), facts))
-    needed = out[out["statistic"] == "seeds_needed"].set_index(["comparison", "lag"])
+    out, needed = _next_steps_after(tmp_path, power)
     note = needed.loc[("grpo vs gspo", 0)]["note"]
     assert "run:" not in note and "harness" not in note
     assert note.startswith("about 216 seeds per arm: the observed effect is impractically small")
