@@ -15,7 +15,7 @@ from pydantic import (
     model_validator,
 )
 
-from learner.algorithms.sampling_dist import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
+from learner.algorithms.sampling_settings import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
 
 ModelArch = Literal["qwen2", "qwen3_moe", "mistral"]
 BuiltinTokenizer = Literal["char", "mistral-v1"]

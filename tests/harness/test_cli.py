@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from tests.harness.trial_helpers import REPO, harness
+from tests.harness.trial_helpers import REPO, harness, run_argv
 
 
 def test_help_lists_commands() -> None:
@@ -12,6 +13,17 @@ def test_help_lists_commands() -> None:
     assert result.returncode == 0
     for command in ("run", "trial", "learner", "generator", "report", "config", "ui"):
         assert command in result.stdout
+
+
+def test_the_cli_the_config_and_the_experiment_driver_load_no_torch() -> None:
+    """Reading a config, `harness --help`, `config show` and the `harness run` driver need no
+    torch or transformers (importing them cost every such process 1.5-4 s of CPU); the
+    components that compute import them themselves."""
+    modules = "harness.cli, harness.config, harness.experiment.run"
+    check = f"import sys, {modules}; print(sorted({{'torch', 'transformers'}} & set(sys.modules)))"
+    result = run_argv([sys.executable, "-c", check], timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_config_show_prints_resolved_config() -> None:
