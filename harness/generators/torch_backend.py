@@ -123,17 +123,23 @@ class TorchGenerator:
         return self._version
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        rows = [
-            _Row(list(r.prompt_ids), seed, r.max_new_tokens) for r in requests for seed in r.seeds
+        """Each request (a prompt's group) is decoded as a batch of its own: a float32 forward's
+        rounding depends on the batch's shape (rows, padded width), and which prompts share a
+        call depends on timing (ticket claims, extra rounds, a resume regenerating part of a
+        batch), so a sample's logprobs must not depend on its neighbours for fixed mode to stay
+        bitwise reproducible."""
+        per_request = [
+            [_Row(list(r.prompt_ids), seed, r.max_new_tokens) for seed in r.seeds] for r in requests
         ]
         decoded, routing = self._decode_all(
-            rows, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
+            per_request, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
         )
         return group_samples(requests, decoded, routing)
 
     def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
+        """Greedy decoding of every prompt, batched together: evals call it with a fixed list."""
         rows = [_Row(list(ids), None, max_new_tokens) for ids in prompts_ids]
-        decoded, _ = self._decode_all(rows, lambda _: _argmax, "TorchGenerator.greedy", False)
+        decoded, _ = self._decode_all([rows], lambda _: _argmax, "TorchGenerator.greedy", False)
         return [ids for ids, _, _ in decoded]
 
     @torch.no_grad()
@@ -155,9 +161,11 @@ class TorchGenerator:
         del self._model
 
     def _decode_all(
-        self, rows: list[_Row], make_chooser: ChooserFactory, what: str, record: bool
+        self, batches: list[list[_Row]], make_chooser: ChooserFactory, what: str, record: bool
     ) -> tuple[list[Sample], list[np.ndarray] | None]:
-        """Samples of every row, and each row's routed experts when `record` (else None)."""
+        """Samples of every row, batch after batch (each in chunks of at most max_batch_rows),
+        and each row's routed experts when `record` (else None); one deadline for them all."""
+        rows = [row for batch in batches for row in batch]
         for row in rows:
             if len(row.prompt_ids) + row.max_new_tokens > self._max_len:
                 raise ValueError(
@@ -168,8 +176,12 @@ class TorchGenerator:
         deadline = Deadline(self._timeout_s, what)
         out: list[Sample] = []
         routing: list[np.ndarray] = []
-        for start in range(0, len(rows), self._max_batch_rows):
-            chunk = rows[start : start + self._max_batch_rows]
+        chunks = [
+            batch[start : start + self._max_batch_rows]
+            for batch in batches
+            for start in range(0, len(batch), self._max_batch_rows)
+        ]
+        for chunk in chunks:
             trace: list[torch.Tensor] | None = [] if record else None
             samples = self._decode(chunk, make_chooser, deadline, trace)
             out += samples

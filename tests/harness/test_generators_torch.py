@@ -130,11 +130,12 @@ def test_same_seeds_are_bitwise_reproducible(generator: TorchGenerator) -> None:
 
 
 def test_a_sample_does_not_depend_on_its_batch(generator: TorchGenerator) -> None:
-    together = generator.generate(requests_for(step=2))
-    alone = generator.generate(requests_for(step=2)[1:2])[0]
-    assert alone.response_ids == together[1].response_ids
-    for a, b in zip(alone.behavior_logprobs, together[1].behavior_logprobs, strict=True):
-        torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=0, atol=1e-5)
+    """Bitwise, logprobs included: which prompts share a call depends on timing (ticket claims,
+    a resume regenerating part of a batch), and fixed mode must not."""
+    requests = requests_for(step=2)
+    together = generator.generate(requests)
+    assert generator.generate(requests[1:2]) == together[1:2]
+    assert generator.generate([requests[2], requests[0]]) == [together[2], together[0]]
 
 
 def test_different_seeds_give_different_samples(generator: TorchGenerator) -> None:
