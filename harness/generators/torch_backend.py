@@ -88,6 +88,8 @@ class TorchGenerator:
         self._timeout_s = timeout_s
         self._version = 0
         self._records_routing = _check_routers(self._model)
+        # Rollouts: which prompts share a call depends on timing, so each is decoded alone.
+        self._batch_requests = False
 
     @classmethod
     def around(
@@ -104,6 +106,8 @@ class TorchGenerator:
 
         Why: the learner's sampled evals draw from its current policy with the rollouts' exact
         sampler (per-sample seeds, `learner.algorithms.sampling_dist`). Routing is never recorded.
+        An eval's prompts are a fixed list, so its requests are decoded together (one batch, not
+        one per prompt: 256 prompts would take 256 decode loops).
         """
         generator = cls.__new__(cls)
         generator._model = model
@@ -116,6 +120,7 @@ class TorchGenerator:
         generator._timeout_s = timeout_s
         generator._version = 0
         generator._records_routing = False
+        generator._batch_requests = True
         return generator
 
     @property
@@ -123,16 +128,20 @@ class TorchGenerator:
         return self._version
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Each request (a prompt's group) is decoded as a batch of its own: a float32 forward's
-        rounding depends on the batch's shape (rows, padded width), and which prompts share a
-        call depends on timing (ticket claims, extra rounds, a resume regenerating part of a
-        batch), so a sample's logprobs must not depend on its neighbours for fixed mode to stay
-        bitwise reproducible."""
+        """A rollout generator decodes each request (a prompt's group) as a batch of its own: a
+        float32 forward's rounding depends on the batch's shape (rows, padded width), and which
+        prompts share a call depends on timing (ticket claims, extra rounds, a resume
+        regenerating part of a batch), so a sample's logprobs must not depend on its neighbours
+        for fixed mode to stay bitwise reproducible. An eval's generator (`around`) decodes its
+        fixed list of requests together."""
         per_request = [
             [_Row(list(r.prompt_ids), seed, r.max_new_tokens) for seed in r.seeds] for r in requests
         ]
+        batches = (
+            [[row for rows in per_request for row in rows]] if self._batch_requests else per_request
+        )
         decoded, routing = self._decode_all(
-            per_request, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
+            batches, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
         )
         return group_samples(requests, decoded, routing)
 
