@@ -41,6 +41,10 @@ LEARNER_OUTCOME: Final = "learner_outcome.json"
 
 # The experiment directory holds one directory per trial under this name.
 TRIALS_DIR: Final = "trials"
+# The logs of the warm component processes of `harness run` (executor.warm_components): what
+# they print between trials (their imports, a vLLM engine's start); each trial's part goes to
+# that trial's component logs.
+WARM_LOGS_DIR: Final = "warm_components"
 
 # An experiment with a tuning stage (harness.experiment.tuning) runs it under this directory of
 # the experiment directory (an experiment of its own), and writes there what it selected and the
@@ -138,6 +142,10 @@ class ExperimentPaths:
 
     def trial(self, name: str) -> TrialPaths:
         return TrialPaths(self.trials / name)
+
+    @property
+    def warm_logs(self) -> Path:
+        return self.root / WARM_LOGS_DIR
 
     @property
     def resolved_config(self) -> Path:

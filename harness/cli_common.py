@@ -68,7 +68,7 @@ def check_inputs(cfg: ExperimentConfig) -> None:
 
     try:
         if cfg.model.path != "builtin":
-            from harness.models.factory import check_model_context, validate_model_dir
+            from harness.models.model_dir import check_model_context, validate_model_dir
 
             model_dir = validate_model_dir(Path(cfg.model.path).expanduser())
             check_model_context(model_dir, cfg.generation.max_new_tokens)

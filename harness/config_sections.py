@@ -343,6 +343,16 @@ class ExecutorConfig(BaseModel):
         "by N ranks resumes with any other number (results agree to float rounding, not bit "
         "for bit).",
     )
+    warm_components: bool = Field(
+        default=True,
+        description="kind=local: each of the `max_parallel` slots of `harness run` keeps its "
+        "trial's component processes (the learner, each generator) across the trials it runs, "
+        "so a trial pays neither the imports of torch, transformers and vLLM nor a vLLM "
+        "engine's start again (the engine is put back on the trial's initial weights). "
+        "Results are bitwise those of fresh processes. A learner of learner_ranks > 1 starts "
+        "fresh each trial (torchrun); so does every component after a failed trial. "
+        "`harness trial` always starts fresh processes.",
+    )
     learner: ComponentResources = Field(
         default_factory=ComponentResources, description="kind=ray: the learner's bundle."
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harness.launch.trials import CommandBuilder, PlannedTrial, PoolLimits, RunningTrial, TrialExit
+from harness.launch.warm_slots import WarmSlots
 from harness.signals import SignalLatch
 
 # In a trial's failure reason: a component's Ray node (or its actor) died under it. The Ray
@@ -88,8 +89,11 @@ class Executor(Protocol):
     # supervisor's trial directory.
     private_components: bool
 
-    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> TrialPool:
-        """The driver's pool of trial processes, not yet entered."""
+    def trial_pool(
+        self, command: CommandBuilder, limits: PoolLimits, warm: WarmSlots | None = None
+    ) -> TrialPool:
+        """The driver's pool of trial processes, not yet entered; `warm`: the slots of warm
+        component processes its trials use (`executor.warm_components`)."""
         ...
 
     def components(

@@ -6,21 +6,32 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from harness.config import ExperimentConfig
 from harness.executors.base import TrialPool
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import Child
 from harness.launch.trials import CommandBuilder, PoolLimits
+from harness.launch.warm_child import WarmChild
+from harness.launch.warm_protocol import warm_components_from_env
+from harness.launch.warm_slots import WarmPlan, WarmSlots
 from harness.signals import SignalLatch
 
 LOOPBACK = "127.0.0.1"
 
 
 class LocalLauncher:
-    """Components as child processes of the supervisor; Redis on loopback."""
+    """Components as child processes of the supervisor, or run by the warm processes `harness
+    run` keeps for the trial's slot (WARM_COMPONENTS_ENV); Redis on loopback."""
 
     redis_host = LOOPBACK
 
+    def __init__(self) -> None:
+        self.warm = warm_components_from_env()
+
     def child(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> Child:
+        if name in self.warm:
+            path, pid = self.warm[name]
+            return WarmChild(name, args, log_path, env, socket_path=path, warm_pid=pid)
         return Child(name, args, log_path, env)
 
 
@@ -29,8 +40,10 @@ class LocalExecutor:
 
     private_components = False
 
-    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> TrialPool:
-        return SubprocessTrialPool(command, limits)
+    def trial_pool(
+        self, command: CommandBuilder, limits: PoolLimits, warm: WarmSlots | None = None
+    ) -> TrialPool:
+        return SubprocessTrialPool(command, limits, warm=warm)
 
     @contextlib.contextmanager
     def components(self, num_generators: int, interrupted: SignalLatch) -> Iterator[LocalLauncher]:
@@ -39,3 +52,17 @@ class LocalExecutor:
 
     def abandoned(self) -> bool:
         return False
+
+
+def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
+    """The warm processes each slot of `harness run` keeps for `cfg`'s trials, or None (another
+    executor, or `executor.warm_components: false`). A learner under torchrun (several ranks)
+    is not kept: torchrun starts its ranks itself."""
+    if cfg.executor.kind != "local" or not cfg.executor.warm_components:
+        return None
+    components: dict[str, tuple[str, ...]] = {}
+    if cfg.executor.learner_ranks == 1:
+        components["learner"] = ("learner",)
+    for index in range(cfg.generation.num_generators):
+        components[f"generator-{index}"] = ("generator", cfg.generation.backend)
+    return WarmPlan(components)

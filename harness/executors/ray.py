@@ -33,6 +33,7 @@ from harness.executors.base import NODE_LOST
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import open_private
 from harness.launch.trials import CommandBuilder, PoolLimits, TrialExit
+from harness.launch.warm_slots import WarmSlots
 from harness.overrides import ConfigError
 from harness.signals import SignalLatch
 
@@ -181,7 +182,11 @@ class RayExecutor:
     def __init__(self, executor: ExecutorConfig) -> None:
         self.executor = executor
 
-    def trial_pool(self, command: CommandBuilder, limits: PoolLimits) -> RayTrialPool:
+    def trial_pool(
+        self, command: CommandBuilder, limits: PoolLimits, warm: WarmSlots | None = None
+    ) -> RayTrialPool:
+        if warm is not None:  # warm_plan gives none for kind=ray
+            raise ValueError("the ray executor keeps no warm component processes")
         return RayTrialPool(self.executor, command, limits)
 
     @contextlib.contextmanager

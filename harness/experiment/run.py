@@ -24,6 +24,7 @@ from contract.trial import LaunchStatus
 from harness.config import ExperimentConfig, resolved_dump
 from harness.executors import open_executor
 from harness.executors.base import TrialPool
+from harness.executors.local import warm_plan
 from harness.experiment.grid import TrialOnDisk, classify_trials, expand_trials, experiment_dir
 from harness.experiment.progress import ExperimentProgress
 from harness.experiment.tracking import Tracker, open_tracker
@@ -34,6 +35,7 @@ from harness.launch.trials import (
     TrialExit,
     trial_command,
 )
+from harness.launch.warm_slots import WarmSlots
 from harness.signals import forward_signals
 from harness.storage.experiment_storage import publish_working_copy
 from harness.storage.remote_tree import StorageError
@@ -74,6 +76,7 @@ class TrialResult:
     skipped: bool = False
     resumed: bool = False
     returncode: int | None = None
+    duration_s: float | None = None  # from its start in this launch to its end (None: not run)
 
 
 @dataclass
@@ -159,7 +162,9 @@ def _record_exit(
     progress: ExperimentProgress,
     console: Console,
 ) -> None:
-    trial = TrialResult(done.spec, done.status, done.message, False, done.resume, done.returncode)
+    trial = TrialResult(
+        done.spec, done.status, done.message, False, done.resume, done.returncode, done.duration_s
+    )
     result.trials.append(trial)
     what = f"log trial {done.spec.trial_name}"
     _track(console, result, what, tracker.trial_ended, done.spec, done.status, done.message)
@@ -252,6 +257,8 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
     storage, out_dir = setup_driver_storage(cfg, out_dir, executor)
     out_dir = Path(out_dir).resolve() if out_dir is not None else experiment_dir(cfg)
     parallel = max_parallel if max_parallel is not None else cfg.max_parallel
+    # Warm component processes serve harness trials only, not a command a test put in place.
+    plan = warm_plan(cfg) if command is None else None
     command = command or trial_command(config_path, overrides, steps)
     result = ExperimentResult(out_dir)
     with experiment_lock(out_dir), _published(storage, out_dir, console):
@@ -280,7 +287,12 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             done = len(trials) - len(queue)
             progress = ExperimentProgress(console, len(trials), done, per_trial)
             limits = PoolLimits(parallel, kill_grace_s, trial_timeout_s)
-            pool = executor.trial_pool(command, limits)
+            warm = (
+                None
+                if plan is None
+                else WarmSlots(plan, parallel, ExperimentPaths(out_dir).warm_logs)
+            )
+            pool = executor.trial_pool(command, limits, warm)
             pool.env.update(storage.env() if storage is not None else {})
             with progress, pool, forward_signals(pool.interrupt):
                 _run_queue(

@@ -9,6 +9,7 @@ import torch
 
 from harness.config import GenerationConfig, GeneratorBackend
 from harness.generators.base import Generator
+from harness.generators.kept_engines import kept_or_new
 from harness.models.tokenizer import load_tokenizer
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -59,6 +60,10 @@ def make_generator(gen_cfg: GenerationConfig, model_dir: str | Path, seed: int) 
     """A generator for `model_dir` (version 0) sampling as `gen_cfg` says.
 
     `seed` is the trial seed; it only seeds engine-level defaults, since each sample is seeded by
-    its own `sample_seed`. EOS and padding come from the model directory's tokenizer.
+    its own `sample_seed`. EOS and padding come from the model directory's tokenizer. In a warm
+    generator process a vLLM engine is kept across trials (`kept_engines`).
     """
-    return BACKENDS[gen_cfg.backend](gen_cfg, Path(model_dir), seed)
+    model_dir = Path(model_dir)
+    return kept_or_new(
+        gen_cfg, model_dir, lambda: BACKENDS[gen_cfg.backend](gen_cfg, model_dir, seed)
+    )

@@ -33,6 +33,7 @@ from harness.launch.trials import (
     TrialExit,
     exit_status,
 )
+from harness.launch.warm_slots import WarmSlots
 
 POLL_S = 0.1  # how often a waiting pool looks at its children
 
@@ -110,8 +111,13 @@ class SubprocessTrialPool:
     """At most `max_parallel` trial processes; output of each goes to `TRIAL_DIR/trial.log`."""
 
     def __init__(
-        self, command: CommandBuilder, limits: PoolLimits, env: dict[str, str] | None = None
+        self,
+        command: CommandBuilder,
+        limits: PoolLimits,
+        env: dict[str, str] | None = None,
+        warm: WarmSlots | None = None,
     ) -> None:
+        """`warm`: slots of warm component processes the trials use (None: cold components)."""
         if limits.max_parallel < 1:
             raise ValueError(f"max_parallel={limits.max_parallel} must be >= 1")
         self.command = command
@@ -122,6 +128,8 @@ class SubprocessTrialPool:
         self.env.setdefault("PYTHONUNBUFFERED", "1")  # so trial.log is live, not block-buffered
         self.running: dict[str, RunningTrial] = {}
         self.interrupted: int | None = None  # the signal that interrupted the pool, if any
+        self.warm = warm
+        self._closing = False
 
     def has_room(self) -> bool:
         return len(self.running) < self.max_parallel and self.interrupted is None
@@ -132,6 +140,10 @@ class SubprocessTrialPool:
             raise RuntimeError(f"cannot start {spec.trial_name}: the pool is full or interrupted")
         argv = self.command(spec, resume)
         spec.trial_dir.mkdir(parents=True, exist_ok=True)
+        slot, env = None, self.env
+        if self.warm is not None:
+            slot, warm_env = self.warm.lease(self.env)
+            env = {**self.env, **warm_env}
         stamp = datetime.now(UTC).isoformat(timespec="seconds")
         with open_private(spec.paths.trial_log) as log:  # 0600, like every log
             log.write(f"\n=== harness {stamp}: {shlex.join(argv)}\n".encode())
@@ -143,9 +155,9 @@ class SubprocessTrialPool:
                 stderr=subprocess.STDOUT,
                 # Its own session, and SIGTERM (a Ctrl-C's teardown) when this process dies.
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - the pool starts trials from one thread
-                env=self.env,
+                env=env,
             )
-        trial = RunningTrial(spec, resume, process, time.monotonic())
+        trial = RunningTrial(spec, resume, process, time.monotonic(), slot=slot)
         self.running[spec.trial_name] = trial
         return trial
 
@@ -185,10 +197,13 @@ class SubprocessTrialPool:
     def close(self) -> list[TrialExit]:
         """Stop every trial still running (grace, then SIGKILL) and report how each ended."""
         exits = []
+        self._closing = True
         for name, trial in list(self.running.items()):
             stop_group(trial.process.pid, self.kill_grace_s, trial.process, trial.tree)
             del self.running[name]
             exits.append(self._finish(trial, trial.process.returncode, stopped=True))
+        if self.warm is not None:
+            self.warm.close()
         return exits
 
     def __enter__(self) -> SubprocessTrialPool:
@@ -211,6 +226,7 @@ class SubprocessTrialPool:
         # in sessions of their own
         leftovers = _group_alive(pgid) or bool(_running(trial.tree or []))
         if leftovers:
+            trial.left_processes = True
             stop_group(pgid, self.kill_grace_s, tree=trial.tree)
         if timed_out:
             message = f"timed out after {self.trial_timeout_s:g} s; its process group was killed"
@@ -234,6 +250,15 @@ class SubprocessTrialPool:
     def _exit(
         self, trial: RunningTrial, returncode: int | None, status: LaunchStatus, message: str
     ) -> TrialExit:
+        if self.warm is not None and trial.slot is not None:
+            # Only a trial that ended well, leaving nothing behind, hands its warm processes
+            # on; after any other ending the next trial of the slot gets fresh ones.
+            ended_well = status in (LaunchStatus.COMPLETED, LaunchStatus.DIVERGED)
+            self.warm.release(
+                trial.slot,
+                keep=ended_well and not trial.left_processes,
+                refill=self.interrupted is None and not self._closing,  # no trial follows
+            )
         duration = time.monotonic() - trial.started
         return TrialExit(trial.spec, trial.resume, returncode, status, message, duration)
 

@@ -118,12 +118,15 @@ class Child:
             preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
         )
         log.close()
-        # Operators (and the kill/resume tests) find a component by its pid file. It is replaced
-        # atomically: a reader polling it never sees the empty file between truncate and write.
+        self.write_pid_file(self.process.pid)
+
+    def write_pid_file(self, pid: int) -> None:
+        """Operators (and the kill/resume tests) find a component by its pid file. It is replaced
+        atomically: a reader polling it never sees the empty file between truncate and write."""
         pid_path = self.log_path.with_suffix(".pid")
         staging = pid_path.with_suffix(".pid.tmp")
         with open_private(staging, append=False) as pid_file:
-            pid_file.write(str(self.process.pid).encode())
+            pid_file.write(str(pid).encode())
         os.replace(staging, pid_path)
 
     def poll(self) -> int | None:

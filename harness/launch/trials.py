@@ -89,6 +89,8 @@ class RunningTrial:
     process: subprocess.Popen[bytes]
     started: float  # time.monotonic()
     tree: list[psutil.Process] | None = None  # descendants seen when it was interrupted
+    slot: int | None = None  # its slot of warm component processes (`warm_slots`), if any
+    left_processes: bool = False  # it exited leaving processes behind (killed since)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<bos>"
@@ -39,7 +39,7 @@ CHAR_SPECIAL_TOKENS: Mapping[str, str] = MappingProxyType(
 
 # Digits and operators for arithmetic, lowercase letters for reverse/sort, then space, newline and
 # common punctuation so simple user prompt files (task `file`) mostly stay in-vocabulary.
-# Changing this string changes every id: bump harness.models.factory.FORMAT_VERSION with it.
+# Changing this string changes every id: bump harness.models.model_dir.FORMAT_VERSION with it.
 CHARACTERS = "0123456789+*=-abcdefghijklmnopqrstuvwxyz .,:;!?'\"()/\n"
 
 
@@ -128,6 +128,10 @@ def load_tokenizer(directory: Path | str) -> PreTrainedTokenizerBase:
     if declared_tokenizer_class(directory) in GENERIC_TOKENIZER_CLASSES:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), local_files_only=True)
     else:
+        # Imported here: AutoTokenizer loads transformers' model registry (about 1 s), which the
+        # built-in tokenizer, and every supervisor that reads it, never needs.
+        from transformers import AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise ValueError(

@@ -40,7 +40,7 @@ from contract.layout import WEIGHTS_DIR, TrialPaths
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
 from harness.generators import GenRequest, make_generator, sample_seed
-from harness.models.factory import build_model_dir, weights_digest
+from harness.models.model_dir import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.signals import SignalLatch, install
 from harness.storage.remote_weights import WeightFetcher

@@ -25,7 +25,7 @@ from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.launch.processes import die_with_torchrun_agent
-from harness.models.factory import build_model_dir, weights_digest
+from harness.models.model_dir import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer
 from harness.storage.remote_weights import RemoteWeightStore
 from harness.storage.setup import setup_component_sync

@@ -22,7 +22,8 @@ from contract.record import TrialRecord, TrialRecordError, read_trial_record, wr
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
 from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig, resolved_dump
 from harness.executors.base import TrialFailedError
-from harness.models.factory import build_model_dir, load_tokenizer, weights_digest
+from harness.models.model_dir import build_model_dir, weights_digest
+from harness.models.tokenizer import load_tokenizer
 from harness.provenance import provenance
 from harness.tasks.factory import held_out_prompts, make_rendered_task
 from harness.tasks.mixture import make_train_mixture

@@ -20,7 +20,6 @@ import redis
 from buffer.connection import BufferConnectionError, RunStateLostError
 from buffer.server import EmbeddedRedis, RedisStartError
 from buffer.streams import TicketDispenser, VersionRegistry, clear_stop, connect, delete_run
-from buffer.weight_store import WeightStore
 from contract.layout import TrialPaths
 from contract.record import (
     TrialRecord,
@@ -224,6 +223,8 @@ def _reset_run(
         if fresh:
             delete_run(client, run_id)  # the learner's consumer creates the stream's group again
         else:
+            from buffer.weight_store import WeightStore  # torch: only a resume reads the store
+
             TicketDispenser(client, run_id).expire_all_leases()
             store = WeightStore(weights)
             VersionRegistry(client, run_id).restore_locations(

@@ -18,7 +18,8 @@ from harness.evaluation.suite import eval_sample_seed, make_eval_suite, sampled_
 from harness.experiment.trial_runs import eval_metric_batches
 from harness.generators.base import GenRequest
 from harness.generators.torch_backend import TorchGenerator
-from harness.models.factory import build_model_dir, load_policy
+from harness.models.factory import load_policy
+from harness.models.model_dir import build_model_dir
 from harness.models.tokenizer import encode_prompt, load_tokenizer
 from harness.models.warm_start import greedy_eval
 from harness.tasks.factory import make_rendered_task

@@ -21,7 +21,7 @@ from buffer.versions import InitialWeightsMismatchError, VersionRegistry
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, write_trial_record
 from harness.launch.processes import EXIT_NO_RESTART
-from harness.models.factory import build_model_dir, weights_digest
+from harness.models.model_dir import build_model_dir, weights_digest
 from harness.trial.learner_main import name_initial_weights
 from tests.conftest import RedisInstance
 from tests.contract.test_record import RUNNER_RECORD

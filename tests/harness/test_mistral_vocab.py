@@ -160,7 +160,7 @@ def test_model_directory_loads_like_a_downloaded_model(tmp_path: Path) -> None:
 
 def test_builtin_build_on_the_mistral_vocabulary(tmp_path: Path) -> None:
     """The factory path: `model.tokenizer=mistral-v1` builds, warm-starts and saves a directory."""
-    from harness.models.factory import build_model_dir
+    from harness.models.model_dir import build_model_dir
 
     repo = Path(__file__).resolve().parents[2]
     model_cfg = ModelConfig(

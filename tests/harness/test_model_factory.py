@@ -15,13 +15,11 @@ from safetensors.torch import save_file
 from buffer.weight_store import WeightStore
 from harness.config import ModelConfig, TaskConfig
 from harness.models import factory as model_factory
-from harness.models.factory import (
-    ARCHITECTURES,
+from harness.models.factory import ARCHITECTURES, load_policy, load_tokenizer
+from harness.models.model_dir import (
     DIGEST_CACHE,
     build_model_dir,
     builtin_cache_key,
-    load_policy,
-    load_tokenizer,
     weights_digest,
 )
 from harness.models.tokenizer import build_char_tokenizer, save_tokenizer
@@ -109,9 +107,11 @@ def test_concurrent_requests_build_once(tmp_path: Path, monkeypatch: pytest.Monk
     calls: list[Path] = []
     real_build = model_factory.build_builtin
 
-    def counting(model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path) -> None:
+    def counting(
+        model_cfg: ModelConfig, task_cfg: TaskConfig, out_dir: Path, info: dict[str, object]
+    ) -> None:
         calls.append(out_dir)
-        real_build(model_cfg, task_cfg, out_dir)
+        real_build(model_cfg, task_cfg, out_dir, info)
 
     monkeypatch.setattr(model_factory, "build_builtin", counting)
     results: list[Path] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import ExperimentConfig, ModelConfig, TaskConfig
-from harness.models.factory import builtin_cache_key
+from harness.models.model_dir import builtin_cache_key
 from harness.models.warm_start import NearMissStream, near_miss
 from harness.tasks.factory import make_task
 

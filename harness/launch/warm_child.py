@@ -1,0 +1,156 @@
+"""A trial component run by a warm process of its slot, or else started cold: one `Child`.
+
+The supervisor sees the same component either way (start, poll, stop, pid file, log). The warm
+process runs the component's first start only; a restart (after a crash or a kill) starts a cold
+process, as a crashed warm process ends itself and `harness run` replaces it for the next trial.
+When the warm process cannot be reached (it died between trials, say), the start is cold too:
+warmth saves time and never decides whether a trial runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.launch.processes import Child
+from harness.launch.warm_protocol import (
+    VANISHED_CODE,
+    ProtocolError,
+    decode,
+    encode,
+    peer_pid_and_uid,
+)
+
+CONNECT_TIMEOUT_S = 5.0
+KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
+_CLI_PREFIX = ("-m", "harness.cli")
+
+
+@dataclass
+class WarmChild(Child):
+    """`Child`, whose first start goes to the warm process `warm_pid` listening at
+    `socket_path` (its pid comes from `harness run`, which started it: the socket's peer
+    credentials name `harness run`, which made the socket)."""
+
+    socket_path: str | None = None
+    warm_pid: int | None = None
+    _conn: socket.socket | None = field(default=None, repr=False)
+    _warm_pid: int | None = field(default=None, repr=False)
+    _code: int | None = field(default=None, repr=False)
+    _reply: bytes = field(default=b"", repr=False)
+
+    def start(self) -> None:
+        path, self.socket_path = self.socket_path, None  # warm once; a restart starts cold
+        self._close()
+        self._conn = None
+        warm = path is not None and self.warm_pid is not None and self._runs_harness_cli()
+        conn = _connect(path) if warm else None
+        if conn is None:
+            super().start()
+            return
+        log_path = Path(self.log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = log_path.stat().st_size if log_path.exists() else 0
+        self.process = None
+        self._conn, self._code, self._reply = conn, None, b""
+        self._warm_pid = self.warm_pid
+        assignment = {
+            "argv": list(self.args[3:]),
+            "env": {**os.environ, **self.env},
+            "cwd": os.getcwd(),
+            "log": str(log_path.resolve()),
+        }
+        conn.sendall(encode(assignment))
+        conn.setblocking(False)
+        self.write_pid_file(self._warm_pid)
+
+    def poll(self) -> int | None:
+        if self._conn is None:
+            return super().poll()
+        if self._code is None:
+            self._code = self._read_reply()
+        return self._code
+
+    @property
+    def pid(self) -> int | None:
+        return self._warm_pid if self._conn is not None else super().pid
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the warm process (a generator finishes its round; a learner dies), then
+        SIGKILL it if it has not answered within `timeout_s`."""
+        if self._conn is None:
+            super().stop(timeout_s)
+            return
+        if self.poll() is not None:
+            self._close()
+            return
+        self._signal(signal.SIGTERM)
+        if not self._wait(timeout_s):
+            self._signal(signal.SIGKILL)
+            self._wait(KILL_WAIT_S)
+        self._close()
+
+    def _runs_harness_cli(self) -> bool:
+        return tuple(self.args[1:3]) == _CLI_PREFIX
+
+    def _read_reply(self) -> int | None:
+        """The exit code once the reply is in; VANISHED_CODE if the process is gone without one."""
+        assert self._conn is not None
+        try:
+            chunk = self._conn.recv(4096)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return VANISHED_CODE
+        if not chunk:
+            return VANISHED_CODE
+        self._reply += chunk
+        if not self._reply.endswith(b"\n"):
+            return None
+        try:
+            code = decode(self._reply[:-1]).get("exit")
+        except ProtocolError:
+            return VANISHED_CODE
+        return code if isinstance(code, int) else VANISHED_CODE
+
+    def _wait(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() is None:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def _signal(self, signum: int) -> None:
+        if self._warm_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._warm_pid, signum)
+
+    def _close(self) -> None:
+        if self._conn is not None and self._code is None:
+            self._code = VANISHED_CODE  # a poll after this must not report a running process
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _connect(path: str) -> socket.socket | None:
+    """A connection to the warm process at `path`, or None where none listens any more."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return None
+    if peer_pid_and_uid(conn)[1] != os.getuid():  # only this user's `harness run` made it
+        conn.close()
+        return None
+    return conn
+
+
+__all__ = ["WarmChild"]

@@ -1,0 +1,178 @@
+"""The warm component processes of each slot of a trial pool (`executor.warm_components`).
+
+A slot is one of the pool's `max_parallel` places for a trial. It keeps one warm process per
+component of a trial (the learner, each generator): started once, importing torch, transformers
+and vLLM once, and handed each trial's component in turn (`harness.cli_warm`), so
+a trial's components start in well under a second instead of paying imports (and a vLLM engine
+start) every time. What a trial records does not depend on it: tests pin warm trials bitwise to
+cold ones.
+
+When a trial of the slot fails (or is stopped, or times out), every warm process of the slot is
+killed and replaced, so no trial inherits anything from a failed one; a warm process that died
+during a successful trial (a SIGKILLed component, restarted cold by the supervisor) is replaced
+too. Each process dies with `harness run` (PR_SET_PDEATHSIG) and with its trial's supervisor
+(the connection closes), like a cold component.
+
+The listening socket is made here and inherited by the warm process, so it accepts connections
+from the moment it is spawned: a supervisor that connects while the process still imports waits
+in the backlog instead of finding no socket and starting cold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.launch.processes import die_at_once_with_parent, open_private
+from harness.launch.warm_protocol import warm_components_env
+
+KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
+
+
+@dataclass(frozen=True)
+class WarmPlan:
+    """What each slot keeps warm: component name -> what it preloads (`cli_warm.PRELOADS`
+    keys), e.g. {"learner": ("learner",), "generator-0": ("generator", "vllm")}."""
+
+    components: dict[str, tuple[str, ...]]
+
+
+@dataclass
+class WarmProcess:
+    """One warm component process and the socket it listens on."""
+
+    name: str
+    socket_path: Path
+    process: subprocess.Popen[bytes]
+
+    @classmethod
+    def spawn(
+        cls, name: str, preload: tuple[str, ...], socket_path: Path, log_path: Path, env: dict
+    ) -> WarmProcess:
+        socket_path.unlink(missing_ok=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(socket_path))
+            socket_path.chmod(0o600)
+            listener.listen(8)
+            fd = listener.fileno()
+            argv = [sys.executable, "-m", "harness.cli_warm", "--fd", str(fd)]
+            for item in preload:
+                argv += ["--preload", item]
+            with open_private(log_path) as log:
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    pass_fds=(fd,),
+                    # Its own session; SIGKILL the moment `harness run` dies (it starts these
+                    # from its main thread, as it does trials).
+                    preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
+                )
+        finally:
+            listener.close()  # the warm process holds the only listening copy now
+        return cls(name, socket_path, process)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=KILL_WAIT_S)
+        self.socket_path.unlink(missing_ok=True)
+
+
+@dataclass
+class _Slot:
+    index: int
+    processes: dict[str, WarmProcess] = field(default_factory=dict)
+    busy: bool = False
+
+
+class WarmSlots:
+    """`slots` slots of warm processes, spawned on the first lease (with the pool's environment
+    of that moment), replaced when a trial fails, killed on close."""
+
+    def __init__(self, plan: WarmPlan, slots: int, log_dir: Path) -> None:
+        self.plan = plan
+        self.log_dir = log_dir
+        self._slots = [_Slot(index) for index in range(slots)]
+        self._socket_dir: Path | None = None
+        self._env: dict[str, str] = {}
+        self.spawned = 0  # warm processes started so far (a benchmark and the tests read it)
+
+    def lease(self, env: dict[str, str]) -> tuple[int, dict[str, str]]:
+        """A free slot for a trial, and what to add to the trial's environment."""
+        if self._socket_dir is None:
+            # Unix socket paths are limited to 107 bytes: a short private directory, not the
+            # (possibly long) output directory.
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="harness-warm-"))
+            self._env = dict(env)
+            for slot in self._slots:
+                self._fill(slot)
+        slot = next(slot for slot in self._slots if not slot.busy)
+        slot.busy = True
+        self._fill(slot)  # any process that died since
+        table = {
+            name: (str(proc.socket_path), proc.process.pid) for name, proc in slot.processes.items()
+        }
+        return slot.index, warm_components_env(table)
+
+    def release(self, index: int, *, keep: bool, refill: bool = True) -> None:
+        """The slot's trial ended; `keep=False` (it failed, or was stopped): its processes are
+        killed. Dead and killed ones are replaced at once unless `refill=False` (the pool is
+        closing: no trial follows)."""
+        slot = self._slots[index]
+        slot.busy = False
+        for name, proc in list(slot.processes.items()):
+            if not keep or not proc.alive():
+                proc.kill()
+                del slot.processes[name]
+        if refill:
+            self._fill(slot)
+
+    def pids(self, index: int) -> dict[str, int]:
+        """The pids of slot `index`'s warm processes by component name (alive or not)."""
+        return {name: proc.process.pid for name, proc in self._slots[index].processes.items()}
+
+    def close(self) -> None:
+        for slot in self._slots:
+            for proc in slot.processes.values():
+                proc.kill()
+            slot.processes.clear()
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+
+    def _fill(self, slot: _Slot) -> None:
+        assert self._socket_dir is not None
+        for name, preload in self.plan.components.items():
+            proc = slot.processes.get(name)
+            if proc is not None and proc.alive():
+                continue
+            if proc is not None:
+                proc.kill()
+            slot.processes[name] = WarmProcess.spawn(
+                name,
+                preload,
+                self._socket_dir / f"s{slot.index}-{name}.sock",
+                self.log_dir / f"slot-{slot.index}-{name}.log",
+                self._env,
+            )
+            self.spawned += 1
+
+
+__all__ = ["WarmPlan", "WarmProcess", "WarmSlots"]
