@@ -98,9 +98,18 @@ class Experiment:
 
 # GSPO at lag 0 (SMALL_FIXED), seeds 0 and 1 at once, 4 steps, output on a plain path:
 # test_bucket_output's reference (seed 0), and through its first 2 steps test_ray_executor's
-# local run that the Ray executor must match.
+# local run that the Ray executor must match. With fresh component processes per trial
+# (executor.warm_components off): the one `harness run` of the suite that starts them cold,
+# every other one keeps them warm.
 GSPO_TWO_SEEDS = Experiment(
-    (*SMALL_FIXED, "arms=[{name: gspo, objective: gspo}]", "seeds=[0, 1]"), steps=4, max_parallel=2
+    (
+        *SMALL_FIXED,
+        "arms=[{name: gspo, objective: gspo}]",
+        "seeds=[0, 1]",
+        "executor.warm_components=false",
+    ),
+    steps=4,
+    max_parallel=2,
 )
 
 

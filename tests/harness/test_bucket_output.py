@@ -34,8 +34,10 @@ BASE = [
     "arms=[{name: gspo, objective: gspo}]",
     "seeds=[0]",
 ]
-# The shared reference runs this configuration (plus seed 1) for STEPS steps.
-assert (*BASE[:-1], "seeds=[0, 1]") == GSPO_TWO_SEEDS.overrides and GSPO_TWO_SEEDS.steps == STEPS
+# The shared reference runs this configuration (plus seed 1) for STEPS steps, with cold component
+# processes (the executor is not part of a config).
+SHARED = (*BASE[:-1], "seeds=[0, 1]", "executor.warm_components=false")
+assert GSPO_TWO_SEEDS.overrides == SHARED and GSPO_TWO_SEEDS.steps == STEPS
 
 
 def _config(path: Path, scratch: Path) -> Path:

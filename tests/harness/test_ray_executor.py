@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,10 @@ STEPS = 2
 BASE = SMALL_FIXED
 ONE_TRIAL = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0]", "max_parallel=1"]
 TWO_SEEDS = ["arms=[{name: gspo, objective: gspo}]", "seeds=[0, 1]"]
-# The shared local run is this configuration, run for at least STEPS steps.
-assert (*BASE, *TWO_SEEDS) == GSPO_TWO_SEEDS.overrides and GSPO_TWO_SEEDS.steps >= STEPS
+# The shared local run is this configuration, run for at least STEPS steps (with cold component
+# processes; the executor is not part of a config).
+COLD = "executor.warm_components=false"
+assert (*BASE, *TWO_SEEDS, COLD) == GSPO_TWO_SEEDS.overrides and GSPO_TWO_SEEDS.steps >= STEPS
 # Ray's process names: node services, and workers (renamed `ray::<actor>` once busy).
 RAY_NAMES = (
     "raylet",
@@ -251,8 +253,9 @@ def test_a_sigkilled_run_with_its_own_ray_records_the_trial_and_resumes_from_the
     first.kill()
     first.wait()
     _assert_all_gone(ours, timeout_s=40)  # the runner gives Ray's teardown 15 s
-    # Ray's own orphan (its runtime-env agent) outlives the killed instance by about 45 s
-    _assert_all_gone(tree, timeout_s=60)
+    # Ray's own orphan (its runtime-env agent) outlives the killed instance by about 45 s:
+    # watched while the resume below runs, instead of waited out before it.
+    check_ray_gone = _all_gone_within(tree, timeout_s=60)
     record = read_trial_record(trial_dir)
     assert record.status == "failed" and record.failure_reason.startswith("interrupted")
     bucket = RemoteTree.open(uri).child(f"trials/{trial_dir.name}")
@@ -274,6 +277,29 @@ def test_a_sigkilled_run_with_its_own_ray_records_the_trial_and_resumes_from_the
     ledger = sorted(TrialPaths(resumed).trained_groups.glob("step-*.json"))
     groups = [g["group_id"] for path in ledger for g in json.loads(path.read_text())]
     assert len(groups) == len(set(groups)) == 8 * 4
+    check_ray_gone()
+
+
+def _all_gone_within(procs: list[psutil.Process], timeout_s: float) -> Callable[[], None]:
+    """`_assert_all_gone(procs, timeout_s)` on a thread from now; the returned check waits for
+    it and raises what it found."""
+    failures: list[AssertionError] = []
+
+    def watch() -> None:
+        try:
+            _assert_all_gone(procs, timeout_s)
+        except AssertionError as exc:
+            failures.append(exc)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+
+    def check() -> None:
+        watcher.join()
+        if failures:
+            raise failures[0]
+
+    return check
 
 
 def _bucket_executor(cluster: Cluster, scratch: Path, **extra: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import load_config, load_config_data
+from harness.executors.local import warm_plan
 from harness.experiment.grid import expand_trials
 from harness.experiment.run import run_experiment
 from harness.launch.pool import SubprocessTrialPool
@@ -82,6 +83,23 @@ def wait_until_dead(pid: int, timeout_s: float = 15) -> None:
 
 def config_show(*extra: str) -> list[str]:
     return python_module_args("harness.cli", "config", "show", *extra)
+
+
+QUICKSTART = REPO / "configs/quickstart.yaml"
+
+
+def test_the_plan_keeps_what_a_trial_starts_and_nothing_torchrun_or_ray_starts() -> None:
+    plan = warm_plan(load_config(QUICKSTART, ["generation.num_generators=2"]))
+    assert plan is not None and plan.components == {
+        "learner": ("learner",),
+        "generator-0": ("generator", "vllm"),
+        "generator-1": ("generator", "vllm"),
+    }
+    torch_two_ranks = ["generation.backend=torch", "executor.learner_ranks=2"]
+    plan = warm_plan(load_config(QUICKSTART, torch_two_ranks))
+    assert plan is not None and plan.components == {"generator-0": ("generator", "torch")}
+    assert warm_plan(load_config(QUICKSTART, ["executor.warm_components=false"])) is None
+    assert warm_plan(load_config(QUICKSTART, ["executor.kind=ray"])) is None
 
 
 def test_a_warm_process_runs_commands_as_a_cold_one_and_a_failure_ends_it(
