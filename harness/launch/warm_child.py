@@ -40,7 +40,6 @@ class WarmChild(Child):
     socket_path: str | None = None
     warm_pid: int | None = None
     _conn: socket.socket | None = field(default=None, repr=False)
-    _warm_pid: int | None = field(default=None, repr=False)
     _code: int | None = field(default=None, repr=False)
     _reply: bytes = field(default=b"", repr=False)
 
@@ -58,7 +57,6 @@ class WarmChild(Child):
         self.log_start = log_path.stat().st_size if log_path.exists() else 0
         self.process = None
         self._conn, self._code, self._reply = conn, None, b""
-        self._warm_pid = self.warm_pid
         assignment = {
             "argv": list(self.args[3:]),
             "env": {**os.environ, **self.env},
@@ -67,7 +65,8 @@ class WarmChild(Child):
         }
         conn.sendall(encode(assignment))
         conn.setblocking(False)
-        self.write_pid_file(self._warm_pid)
+        assert self.warm_pid is not None  # checked before connecting
+        self.write_pid_file(self.warm_pid)
 
     def poll(self) -> int | None:
         if self._conn is None:
@@ -78,7 +77,7 @@ class WarmChild(Child):
 
     @property
     def pid(self) -> int | None:
-        return self._warm_pid if self._conn is not None else super().pid
+        return self.warm_pid if self._conn is not None else super().pid
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the warm process (a generator finishes its round; a learner dies), then
@@ -127,9 +126,9 @@ class WarmChild(Child):
         return True
 
     def _signal(self, signum: int) -> None:
-        if self._warm_pid is not None:
+        if self.warm_pid is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self._warm_pid, signum)
+                os.kill(self.warm_pid, signum)
 
     def _close(self) -> None:
         if self._conn is not None and self._code is None:
