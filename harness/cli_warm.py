@@ -4,7 +4,7 @@
 torch, transformers (and vLLM) once, then runs one trial's component at a time, in this process,
 exactly as `python -m harness.cli learner|generator ...` would run it: the same argv, the
 supervisor's environment and working directory, output appended to the component's own log.
-A vLLM engine outlives the trial (`harness.generators.engines`) and is put back on the next
+A vLLM engine outlives the trial (`harness.generators.kept_engines`) and is put back on the next
 trial's initial weights.
 
 What a trial could leave behind, and why none of it reaches the next one:
@@ -63,7 +63,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in args.preload:
         for module in PRELOADS[name]:
             importlib.import_module(module)
-    os.environ[WARM_ENGINES_ENV] = "1"
     serve(listener)
 
 
@@ -140,7 +139,7 @@ def _environment(env: dict[str, str], cwd: str) -> Iterator[None]:
     saved_env, saved_cwd = dict(os.environ), os.getcwd()
     os.environ.clear()
     os.environ.update(env)
-    os.environ[WARM_ENGINES_ENV] = "1"
+    os.environ[WARM_ENGINES_ENV] = "1"  # what lets `kept_engines` keep an engine for later
     os.chdir(cwd)
     try:
         yield

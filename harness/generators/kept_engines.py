@@ -25,6 +25,9 @@ from harness.config import GenerationConfig
 from harness.generators.base import Generator
 from harness.launch.warm_protocol import WARM_ENGINES_ENV
 
+# The small files an engine reads besides the weights (config, tokenizer, chat template); never
+# weight files of any format, which may be gigabytes, nor hidden caches (the weights digest).
+_ENGINE_FILES = frozenset({".json", ".model", ".txt", ".jinja", ".tiktoken"})
 _kept: dict[str, Generator] = {}  # at most one: the engine of the last trial
 
 
@@ -43,11 +46,11 @@ class _Lease:
 
 def engine_key(gen_cfg: GenerationConfig, model_dir: Path) -> str:
     """What decides whether an engine can serve another trial: its settings and the model's
-    files other than the weights (config.json, tokenizer, generation config)."""
+    files other than the weights (config.json, tokenizer, generation config, build reports)."""
     files = {
         path.name: hashlib.sha256(path.read_bytes()).hexdigest()
         for path in sorted(model_dir.iterdir())
-        if path.is_file() and path.suffix != ".safetensors"
+        if path.is_file() and path.suffix in _ENGINE_FILES and not path.name.startswith(".")
     }
     settings = gen_cfg.model_dump(
         include={

@@ -20,6 +20,7 @@ import json
 import os
 import socket
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 # Set by `harness run` in a trial's environment: JSON {component name: {"socket": path, "pid":
@@ -75,10 +76,12 @@ def same_user(conn: socket.socket) -> bool:
     return peer_pid_and_uid(conn)[1] == os.getuid()
 
 
-def warm_components_from_env() -> dict[str, tuple[str, int]]:
-    """{component name: (socket path, pid)} from WARM_COMPONENTS_ENV; {} when unset or unreadable
-    (a component then starts cold, which is always right)."""
-    raw = os.environ.get(WARM_COMPONENTS_ENV)
+def warm_components_from_env(
+    environ: Mapping[str, str] = os.environ,
+) -> dict[str, tuple[str, int]]:
+    """{component name: (socket path, pid)} from WARM_COMPONENTS_ENV in `environ`; {} when unset
+    or unreadable (a component then starts cold, which is always right)."""
+    raw = environ.get(WARM_COMPONENTS_ENV)
     if not raw:
         return {}
     try:

@@ -52,18 +52,8 @@ def one_slot(tmp_path: Path) -> Iterator[WarmSlots]:
 def warm_child(slot_env: dict[str, str], args: list[str], log: Path) -> WarmChild:
     """The `learner` component of a trial whose environment is `slot_env`, as its supervisor's
     launcher makes it (harness.executors.local.LocalLauncher)."""
-    path, pid = warm_components_from_env_in(slot_env)["learner"]
+    path, pid = warm_components_from_env(slot_env)["learner"]
     return WarmChild("learner", args, log, {}, socket_path=path, warm_pid=pid)
-
-
-def warm_components_from_env_in(env: dict[str, str]) -> dict[str, tuple[str, int]]:
-    saved = dict(os.environ)
-    try:
-        os.environ.update(env)
-        return warm_components_from_env()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def finish(child: WarmChild, timeout_s: float = 60) -> int:
@@ -186,7 +176,7 @@ def test_a_warm_generator_stops_on_sigterm_and_dies_with_its_supervisor(
         )  # fmt: skip
         component_env = {"HARNESS_REDIS_URL": redis_server.url, "HARNESS_RUN_ID": "warm-test"}
         log = tmp_path / "trial" / "logs" / "generator-0.log"
-        path, pid = warm_components_from_env_in(env)["generator-0"]
+        path, pid = warm_components_from_env(env)["generator-0"]
         child = WarmChild("generator-0", args, log, component_env, socket_path=path, warm_pid=pid)
         child.start()
         registered = redis_server.client()
