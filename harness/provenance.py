@@ -60,14 +60,29 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
+# The device nodes through which every process reaches a GPU: NVIDIA's control device (bare
+# metal and containers alike), AMD's ROCm (HIP builds of torch answer torch.cuda too), WSL2's.
+# With none of them no torch build can see a GPU.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def gpu_device_node_present() -> bool:
+    return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+
+
 def hardware() -> dict[str, object]:
-    """CPU/GPU facts; torch is imported lazily so this stays cheap for the CLI."""
+    """CPU/GPU facts. torch is asked only where a GPU device node exists: every trial's
+    supervisor records these before starting its components, and importing torch to learn that
+    a CPU machine has no GPU cost it ~1 s of CPU (on 2 cores, while its components import)."""
     info: dict[str, object] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
     }
+    if not gpu_device_node_present():
+        info["cuda_available"] = False
+        return info
     try:
         import torch
 

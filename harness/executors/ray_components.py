@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -42,6 +43,7 @@ NAMESPACE = "gspo-harness"
 POLL_TIMEOUT_S = 10.0  # one poll of a busy node; a timeout reads as "still running"
 RESERVE_CHECK_S = 1.0  # how often a trial waiting for its placement group checks for Ctrl-C
 TEARDOWN_S = 15.0  # leaving Ray takes well under a second while its GCS answers
+GCS_PROBE_S = 2.0  # a live GCS accepts a connection at once, even on a loaded machine
 _ABANDONED = False
 
 
@@ -248,6 +250,21 @@ def _leave_ray(group: PlacementGroup | None) -> None:
     ray.shutdown()
 
 
+def _gcs_refuses_connections() -> bool:
+    """True when nothing listens at the GCS address this driver joined any more: the private
+    Ray instance of a killed `harness run` is gone, and leaving it cannot succeed (Ray would
+    retry for a minute). Anything else (it answers, a timeout, an unknown address) is False:
+    the teardown is tried as usual. Placement groups this driver made go with its job anyway."""
+    try:
+        host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=GCS_PROBE_S):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        return False
+
+
 def ray_abandoned() -> bool:
     """A RayLauncher gave up on Ray's teardown: exit with os._exit, not through Ray's hooks."""
     return _ABANDONED
@@ -283,15 +300,21 @@ class RayLauncher:
 
         Both are calls to the GCS. When it is gone (a private Ray instance dies with a killed
         `harness run`), Ray retries until it ends the process itself a minute later; the trial
-        is recorded by then, so the supervisor stops waiting and says so, and the trial command
-        exits without Ray's own exit hooks (`ray_abandoned`).
+        is recorded by then, so the supervisor does not wait (its port refuses connections) or
+        stops waiting, says so, and the trial command exits without Ray's own exit hooks
+        (`ray_abandoned`).
         """
+        global _ABANDONED  # noqa: PLW0603 - one process, one Ray connection
         group, self._group = self._group, None
+        if _gcs_refuses_connections():  # known gone: no need to wait TEARDOWN_S to learn it
+            _ABANDONED = True
+            print("Ray's GCS refuses connections (its Ray instance is gone); "
+                  "leaving without Ray's teardown", flush=True)  # fmt: skip
+            return
         teardown = threading.Thread(target=_leave_ray, args=(group,), daemon=True)
         teardown.start()
         teardown.join(TEARDOWN_S)
         if teardown.is_alive():
-            global _ABANDONED  # noqa: PLW0603 - one process, one Ray connection
             _ABANDONED = True
             print(f"Ray did not answer within {TEARDOWN_S:g} s (its GCS is gone?); "
                   "leaving without Ray's teardown", flush=True)  # fmt: skip

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.shared_trials import GRPO_LAG1, GRPO_TWO_STEPS, GSPO_TWO_SEEDS, SharedTrials
+from tests.harness.shared_trials import (
+    GRPO_LAG1,
+    GRPO_TWO_STEPS,
+    GSPO_TWO_SEEDS,
+    VLLM_ARMS,
+    VLLM_GRPO_LAG1,
+    SharedTrials,
+)
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +46,16 @@ def grpo_lag1(shared_trials: SharedTrials) -> Path:
 def gspo_two_seeds(shared_trials: SharedTrials) -> Path:
     """`harness run` output: GSPO at lag 0, seeds 0 and 1, 4 steps; read-only."""
     return shared_trials.experiment(GSPO_TWO_SEEDS)
+
+
+@pytest.fixture(scope="session")
+def vllm_arms(shared_trials: SharedTrials) -> Path:
+    """`harness run` output: the four objectives at lags 0 and 1 on vLLM, 2 steps each, in one
+    slot of warm component processes (one vLLM engine for all eight); read-only."""
+    return shared_trials.experiment(VLLM_ARMS)
+
+
+@pytest.fixture(scope="session")
+def vllm_grpo_lag1(shared_trials: SharedTrials) -> Path:
+    """A cold `harness trial` of VLLM_ARMS' GRPO lag-1 trial (its own vLLM engine); read-only."""
+    return shared_trials.trial(VLLM_GRPO_LAG1)

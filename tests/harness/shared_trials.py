@@ -26,7 +26,7 @@ import yaml
 
 from harness.config import load_config, load_config_data
 from harness.file_lock import file_lock
-from tests.harness.trial_helpers import REPO, SMALL_FIXED, run_argv, trial_command
+from tests.harness.trial_helpers import REPO, SMALL, SMALL_FIXED, run_argv, trial_command
 
 # Evals reduced to the primary greedy set (no sampled scores): a trial that pins mechanics,
 # not eval suites, has nothing to gain from the others.
@@ -111,6 +111,28 @@ GSPO_TWO_SEEDS = Experiment(
     steps=4,
     max_parallel=2,
 )
+
+
+# The vLLM generator's experiment: every objective (GSPO, GRPO, PPO with its critic, GSPO-token)
+# at fixed lags 0 and 1, 2 steps each (SMALL, both eval sets), one trial at a time in one slot
+# of warm component processes: the first trial starts the slot's vLLM engine, the other seven
+# keep it (reset to the initial weights). test_trial reads the arms' trials; test_warm_components
+# the kept engine; and both compare its GRPO lag-1 trial with a cold `harness trial` of the same
+# configuration (VLLM_GRPO_LAG1), bit for bit.
+VLLM_ARMS = Experiment(
+    (
+        *SMALL,
+        "generation.backend=vllm",
+        "arms=[{name: gspo, objective: gspo}, {name: grpo, objective: grpo}, "
+        "{name: ppo, objective: ppo}, {name: gspo_token, objective: gspo_token}]",
+        "seeds=[0]",
+        "staleness.lags=[0, 1]",
+        "tracking.enabled=false",
+    ),
+    steps=2,
+    max_parallel=1,
+)
+VLLM_GRPO_LAG1 = Recipe("grpo", steps=2, lag=1, backend="vllm")
 
 
 def private_copy(finished: Path, out: Path) -> Path:

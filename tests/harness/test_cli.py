@@ -77,3 +77,21 @@ def test_run_with_an_unknown_storage_scheme_fails_in_one_line(tmp_path: Path) ->
     assert "cannot open storage nosuch://b/exp" in result.stderr
     assert "secret" not in result.stderr and "Traceback" not in result.stderr
     assert not (REPO / "nosuch:").exists()
+
+
+def test_hardware_facts_ask_torch_only_where_a_gpu_device_node_exists(tmp_path: Path) -> None:
+    """Every trial's supervisor records the hardware before starting its components: on a
+    machine without a GPU device node it says `cuda_available: false` without importing torch;
+    where a node exists (here: one stands in for it) torch is asked, and answers the same on
+    this CPU build."""
+    stand_in = tmp_path / "nvidiactl"
+    stand_in.touch()
+    check = (
+        "import json, sys; from harness import provenance as p; "
+        "p.GPU_DEVICE_NODES = tuple(sys.argv[1:]); facts = p.hardware(); "
+        "print(json.dumps([facts['cuda_available'], 'torch' in sys.modules]))"
+    )
+    for nodes, asked_torch in (((), False), ((str(stand_in),), True)):
+        result = run_argv([sys.executable, "-c", check, *nodes], timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"[false, {str(asked_torch).lower()}]"

@@ -239,26 +239,28 @@ def warm_trial_number(trial: Path, component: str) -> int | None:
 
 @pytest.mark.e2e
 def test_a_kept_vllm_engine_gives_the_next_trial_bitwise_what_a_fresh_one_gives(
-    tmp_path: Path,
+    vllm_arms: Path, vllm_grpo_lag1: Path
 ) -> None:
-    """Two trials on one slot: the second one's vLLM engine is the first one's, put back on the
-    initial weights, and its trial equals a cold `harness trial` of it bit for bit."""
-    vllm = (*SMALL_FIXED, *NO_EVALS, "generation.backend=vllm", "learner.steps=2")
-    trials = quickstart_experiment(
-        tmp_path / "warm", *vllm, "arms=[{name: grpo, objective: grpo}]", "seeds=[1, 0]"
-    )
-    first, second = trials / "grpo__seed1__lag0__fixed", trials / "grpo__seed0__lag0__fixed"
-    assert status(first) == status(second) == "completed"
-    for component in ("learner", "generator-0"):
-        assert pid_of(first, component) == pid_of(second, component)
-        assert warm_trial_number(second, component) == 2
-    assert ENGINE_START_LINE in (first / "logs" / "generator-0.log").read_text()
-    assert ENGINE_START_LINE not in (second / "logs" / "generator-0.log").read_text()
-
-    cold = tmp_path / "cold"
-    done = Recipe("grpo", steps=2, backend="vllm", extra=NO_EVALS).run(cold)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert_same_metrics(cold, second)
+    """Eight trials on one slot (the shared vLLM experiment, in grid order): the first starts
+    the slot's learner, generator and vLLM engine; every later one gets the same processes and
+    the same engine, put back on the initial weights after the trials before it trained. One of
+    them equals a cold `harness trial` of it bit for bit."""
+    trials = [
+        vllm_arms / "trials" / f"{arm}__seed0__lag{lag}__fixed"
+        for arm in ("gspo", "grpo", "ppo", "gspo_token")
+        for lag in (0, 1)
+    ]
+    assert {status(trial) for trial in trials} == {"completed"}
+    by_start = sorted(trials, key=lambda t: warm_trial_number(t, "generator-0") or 0)
+    for number, trial in enumerate(by_start, start=1):
+        for component in ("learner", "generator-0"):
+            assert pid_of(trial, component) == pid_of(by_start[0], component)
+            assert warm_trial_number(trial, component) == number
+        engine_started = ENGINE_START_LINE in (trial / "logs" / "generator-0.log").read_text()
+        assert engine_started == (number == 1)
+    kept = vllm_arms / "trials" / "grpo__seed0__lag1__fixed"
+    assert warm_trial_number(kept, "generator-0") > 1  # an engine earlier trials trained
+    assert_same_metrics(vllm_grpo_lag1, kept)
 
 
 @pytest.mark.e2e
