@@ -46,26 +46,10 @@ def out_dir(
     return tmp_path
 
 
-@pytest.mark.slow
-def test_ui_serves_the_output_dir_store_and_stops_cleanly(out_dir: Path) -> None:
-    port = free_port()
-    with (out_dir / "ui.log").open("wb") as log:
-        server = start_ui(out_dir, port, ready_timeout_s=120, output=log)
-    try:
-        assert server.url == f"http://127.0.0.1:{port}"
-        with pytest.raises(UiError, match=f"port {port} on 127.0.0.1 is in use"):
-            start_ui(out_dir, port)
-        url = f"{server.url}/api/2.0/mlflow/experiments/search?max_results=5"
-        with urllib.request.urlopen(url, timeout=10) as response:
-            names = [e["name"] for e in json.load(response)["experiments"]]
-        assert names == ["Default"]
-    finally:
-        stop_ui(server, grace_s=10)
-    assert server.process.returncode is not None
-
-
-def _ctrl_c_once_up(port: int, timeout_s: float = 120.0) -> None:
-    """Send this process a SIGINT (a terminal's Ctrl-C) once the UI answers on `port`."""
+def _use_then_ctrl_c(port: int, out_dir: Path, seen: dict, timeout_s: float = 120.0) -> None:
+    """Once the UI answers on `port`: what a second `start_ui` on the port says, and the
+    store's experiments as the server lists them (into `seen`); then SIGINT this process (a
+    terminal's Ctrl-C)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -73,15 +57,38 @@ def _ctrl_c_once_up(port: int, timeout_s: float = 120.0) -> None:
                 break
         except OSError:
             time.sleep(0.25)
-    time.sleep(1.0)  # serve_ui routes SIGINT right after the server first answers
-    os.kill(os.getpid(), signal.SIGINT)
+    try:
+        try:
+            second = start_ui(out_dir, port)
+        except UiError as exc:
+            seen["second start"] = str(exc)
+        else:  # it should not have started: stopped, and the assertion below fails
+            stop_ui(second)
+        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search?max_results=5"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            seen["experiments"] = [e["name"] for e in json.load(response)["experiments"]]
+    finally:
+        time.sleep(1.0)  # serve_ui routes SIGINT right after the server first answers
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_served_ui_and_is_a_normal_end(out_dir: Path) -> None:
+def test_the_served_ui_lists_the_store_refuses_a_busy_port_and_stops_on_ctrl_c(
+    out_dir: Path,
+) -> None:
+    """`serve_ui` (what `harness ui` runs) serves the output dir's store on 127.0.0.1; a
+    second UI on its port fails naming the port; Ctrl-C stops the server's whole group and is
+    a normal end."""
     port = free_port()
-    threading.Thread(target=_ctrl_c_once_up, args=(port,), daemon=True).start()
-    assert serve_ui(out_dir, port, console=Console(file=io.StringIO())) == 0
+    seen: dict = {}
+    helper = threading.Thread(target=_use_then_ctrl_c, args=(port, out_dir, seen), daemon=True)
+    helper.start()
+    printed = io.StringIO()
+    assert serve_ui(out_dir, port, console=Console(file=printed)) == 0
+    helper.join(timeout=30)
+    assert f"MLflow UI: http://127.0.0.1:{port}" in printed.getvalue()
+    assert f"port {port} on 127.0.0.1 is in use" in seen["second start"]
+    assert seen["experiments"] == ["Default"]
     with pytest.raises(OSError):  # the server's whole group is gone: nothing answers
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
 
