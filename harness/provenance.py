@@ -67,13 +67,14 @@ GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
 
 
 def gpu_device_node_present() -> bool:
+    """Whether this process could reach any GPU (one of GPU_DEVICE_NODES exists)."""
     return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
 
 
 def hardware() -> dict[str, object]:
     """CPU/GPU facts. torch is asked only where a GPU device node exists: every trial's
-    supervisor records these before starting its components, and importing torch to learn that
-    a CPU machine has no GPU cost it ~1 s of CPU (on 2 cores, while its components import)."""
+    supervisor records these before it starts its components, and importing torch to learn
+    that a CPU machine has no GPU cost every trial ~1 s of CPU on that path."""
     info: dict[str, object] = {
         "platform": platform.platform(),
         "machine": platform.machine(),
