@@ -241,10 +241,10 @@ def warm_trial_number(trial: Path, component: str) -> int | None:
 def test_a_kept_vllm_engine_gives_the_next_trial_bitwise_what_a_fresh_one_gives(
     vllm_arms: Path, vllm_grpo_lag1: Path
 ) -> None:
-    """Eight trials on one slot (the shared vLLM experiment, in grid order): the first starts
-    the slot's learner, generator and vLLM engine; every later one gets the same processes and
-    the same engine, put back on the initial weights after the trials before it trained. One of
-    them equals a cold `harness trial` of it bit for bit."""
+    """Eight trials on one slot (the shared vLLM experiment), in the order they ran: the first
+    starts the slot's learner, generator and vLLM engine; every later one gets the same
+    processes and the same engine, put back on the initial weights after the trials before it
+    trained. One of them equals a cold `harness trial` of it bit for bit."""
     trials = [
         vllm_arms / "trials" / f"{arm}__seed0__lag{lag}__fixed"
         for arm in ("gspo", "grpo", "ppo", "gspo_token")
