@@ -30,6 +30,7 @@ from contract.record import TrialRecordError, read_trial_record
 from contract.trial import LaunchStatus
 from harness.config_sections import ExecutorConfig
 from harness.executors.base import NODE_LOST
+from harness.executors.gcs_address import host_and_port
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import open_private
 from harness.launch.trials import CommandBuilder, PoolLimits, TrialExit
@@ -48,11 +49,10 @@ LOCAL_OBJECT_STORE_BYTES = 200 * 1024 * 1024  # trials pass nothing through Ray'
 
 def _probe(address: str, timeout_s: float = 5.0) -> None:
     """Fail in seconds on a GCS address nobody answers at; ray.init retries for minutes."""
-    host, sep, port = address.rpartition(":")
-    if not sep or not port.isdigit():
-        return  # `auto`, or a form Ray resolves itself
+    if (where := host_and_port(address)) is None:
+        return
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        socket.create_connection(where, timeout=timeout_s).close()
     except OSError as exc:
         raise ConnectionError(f"nothing answers at {address} ({exc})") from None
 

@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from contract.layout import LOGS_DIR, TRIAL_JSON
 from harness.config_sections import ComponentResources, ExecutorConfig
 from harness.executors.base import NODE_LOST, TrialFailedError
+from harness.executors.gcs_address import host_and_port
 from harness.launch.processes import EXIT_NO_RESTART, Child
 from harness.signals import SignalLatch
 from harness.storage.setup import setup_host_copy
@@ -256,12 +257,17 @@ def _gcs_refuses_connections() -> bool:
     retry for a minute). Anything else (it answers, a timeout, an unknown address) is False:
     the teardown is tried as usual. Placement groups this driver made go with its job anyway."""
     try:
-        host, port = ray.get_runtime_context().gcs_address.rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=GCS_PROBE_S):
+        where = host_and_port(ray.get_runtime_context().gcs_address)
+    except (AttributeError, RuntimeError):
+        return False
+    if where is None:
+        return False
+    try:
+        with socket.create_connection(where, timeout=GCS_PROBE_S):
             return False
     except ConnectionRefusedError:
         return True
-    except (OSError, ValueError, AttributeError, RuntimeError):
+    except OSError:
         return False
 
 

@@ -14,6 +14,7 @@ from harness.cli import executor_overrides
 from harness.config import ConfigError, load_config
 from harness.config_sections import ComponentResources
 from harness.executors import open_executor
+from harness.executors.gcs_address import host_and_port
 from harness.executors.ray import RayTrialPool
 from harness.executors.ray_components import RayLauncher, bundle_index
 from harness.launch.pool import SubprocessTrialPool
@@ -108,3 +109,11 @@ def test_an_address_nobody_answers_at_fails_in_seconds() -> None:
     with pytest.raises(ConfigError, match=rf"cannot join the Ray cluster at 127.0.0.1:{port}"):
         pool.connect()
     assert time.monotonic() - started < 10
+
+
+def test_gcs_addresses_parse_to_socket_addresses_and_ray_forms_are_left_to_ray() -> None:
+    assert host_and_port("127.0.0.1:6379") == ("127.0.0.1", 6379)
+    assert host_and_port("[::1]:6379") == ("::1", 6379)  # IPv6 in brackets
+    assert host_and_port("head.example:6379") == ("head.example", 6379)
+    for left_to_ray in ("auto", "ray://head:10001x", "head"):
+        assert host_and_port(left_to_ray) is None
