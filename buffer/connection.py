@@ -290,3 +290,17 @@ class RunKeys:
     def telemetry(self, generator_id: str) -> str:
         """Hash of one generator's counters."""
         return self._key(f"telemetry:{generator_id}")
+
+    @property
+    def eval_leases(self) -> str:
+        """Sorted set of outstanding eval requests (request id -> lease expiry ms; 0 = free)."""
+        return self._key("evals:leases")
+
+    @property
+    def eval_owners(self) -> str:
+        """Hash of claimed eval requests -> the generator evaluating them."""
+        return self._key("evals:owners")
+
+    def eval_result(self, request_id: str) -> str:
+        """List holding one eval request's JSON report, pushed by the generator that ran it."""
+        return self._key(f"evals:result:{request_id}")

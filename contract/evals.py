@@ -15,6 +15,7 @@ SAMPLES is 0). A response counts as correct when its reward is >= 1, as in `eval
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -103,3 +104,72 @@ class EvalReport:
     def pass_rate(self) -> float:
         """The primary set's greedy pass rate: metrics.parquet's `eval/pass_rate`."""
         return self.scores[0].greedy_pass_rate
+
+
+def report_to_json(report: EvalReport) -> bytes:
+    """The report as JSON bytes: what a generator sends the learner through Redis (never a
+    pickle). NaN (unmeasured sampled scores) is written as null; pass@k keys as strings."""
+
+    def number(value: float) -> float | None:
+        return None if math.isnan(value) else value
+
+    return json.dumps(
+        [
+            {
+                EVAL_SET: s.eval_set,
+                N_PROMPTS: s.n_prompts,
+                GREEDY_PASS_RATE: s.greedy_pass_rate,
+                SAMPLES: s.samples,
+                PASS1_SAMPLED: number(s.pass1_sampled),
+                "pass_at_k": {str(k): number(v) for k, v in sorted(s.pass_at_k.items())},
+            }
+            for s in report.scores
+        ],
+        allow_nan=False,
+    ).encode()
+
+
+class EvalReportError(ValueError):
+    """Bytes that are not an eval report: the one-line reason."""
+
+
+def report_from_json(raw: bytes) -> EvalReport:
+    """`report_to_json`'s inverse; EvalReportError names what is wrong with anything else."""
+
+    def number(value: object, what: str) -> float:
+        if value is None:
+            return math.nan
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise EvalReportError(f"eval report: {what} is {value!r}, not a number")
+        return float(value)
+
+    try:
+        rows = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise EvalReportError(f"eval report: not JSON ({exc})") from None
+    if not isinstance(rows, list) or not rows:
+        raise EvalReportError("eval report: expected a non-empty list of eval-set scores")
+    scores = []
+    for row in rows:
+        if not isinstance(row, dict):
+            raise EvalReportError(f"eval report: a score is {type(row).__name__}, not an object")
+        name, n, samples = row.get(EVAL_SET), row.get(N_PROMPTS), row.get(SAMPLES)
+        if not isinstance(name, str) or not re.match(EVAL_SET_NAME_PATTERN, name):
+            raise EvalReportError(f"eval report: eval set name {name!r} is invalid")
+        for field_name, value in ((N_PROMPTS, n), (SAMPLES, samples)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise EvalReportError(f"eval report: {name}.{field_name} is {value!r}")
+        at_k = row.get("pass_at_k")
+        if not isinstance(at_k, dict) or not all(str(k).isdigit() for k in at_k):
+            raise EvalReportError(f"eval report: {name}.pass_at_k is {at_k!r}")
+        scores.append(
+            EvalSetScore(
+                name,
+                n,
+                number(row.get(GREEDY_PASS_RATE), f"{name}.{GREEDY_PASS_RATE}"),
+                samples,
+                number(row.get(PASS1_SAMPLED), f"{name}.{PASS1_SAMPLED}"),
+                {int(k): number(v, f"{name}.pass_at_{k}") for k, v in at_k.items()},
+            )
+        )
+    return EvalReport(tuple(scores))

@@ -282,6 +282,7 @@ class ExperimentConfig(BaseModel):
 OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     *LEARNER_OMITTED_AT_DEFAULT,
     OmitAtDefault(TaskConfig, "eval_offset", 0),
+    OmitAtDefault(EvalConfig, "engine", "auto"),
     OmitAtDefault(ExperimentConfig, "tuning", None),
     OmitAtDefault(ExperimentConfig, "selection", None),
 )

@@ -9,6 +9,8 @@ experiment trains on `task` and evaluates `task`'s held-out split greedily, as i
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.evals import DEFAULT_EVAL_SET, EVAL_SET_NAME_PATTERN
@@ -32,8 +34,12 @@ class EvalSetConfig(BaseModel):
     )
 
 
+EvalEngine = Literal["torch", "generator"]
+
+
 class EvalConfig(BaseModel):
-    """How every eval set is scored, every learner.eval_every steps."""
+    """How every eval set is scored, every learner.eval_every steps (by a generator: the
+    learner requests the evals of a published version and records what comes back)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -51,6 +57,20 @@ class EvalConfig(BaseModel):
         "1 <= k <= eval.samples. pass@1 equals pass1_sampled; pass@samples is the share of "
         "prompts with any correct sample.",
     )
+    engine: Literal["auto", "torch", "generator"] = Field(
+        default="auto",
+        description="Where the generators run the evals of each published version. `torch`: a "
+        "float32 torch copy of the model in the generator process, the arithmetic the learner's "
+        "evals always had (bitwise the same scores on CPU). `generator`: the rollout engine "
+        "itself, with the version loaded (vLLM: its greedy and seeded sampling; no second copy "
+        "of the policy anywhere). `auto`: torch when generation.device is cpu, else generator.",
+    )
+
+    def engine_on(self, device: str) -> EvalEngine:
+        """The engine `auto` means for generators on `device`."""
+        if self.engine != "auto":
+            return self.engine
+        return "torch" if device == "cpu" else "generator"
 
     @model_validator(mode="after")
     def _check(self) -> EvalConfig:

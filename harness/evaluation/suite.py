@@ -1,4 +1,5 @@
-"""The eval suite a learner runs every `learner.eval_every` steps.
+"""The eval suite a generator runs on each version the learner asks for (every
+`learner.eval_every` steps; `harness.trial.generator_evals`).
 
 Each eval set (`evals` in the config, or `task`'s held-out split as `heldout`) keeps its own
 rendered prompts and verifier. At step s it is scored
@@ -27,7 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from contract.evals import EvalReport, EvalSetScore
 from contract.pass_at_k import mean_pass_at_k
 from harness.config import ExperimentConfig
-from harness.generators.base import GenRequest
+from harness.generators.base import Generator, GenRequest
 from harness.generators.torch_backend import TorchGenerator
 from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.models.warm_start import greedy_eval
@@ -98,6 +99,21 @@ class EvalSuite:
         finally:
             model.train(was_training)
 
+    def on_engine(self, engine: Generator, step: int) -> EvalReport:
+        """Every set's scores at `step` on a rollout engine (vLLM) holding the version: greedy
+        with its argmax decoding, samples with its seeded sampler and the same seeds."""
+        scores = []
+        for eval_set in self.sets:
+            prompts_ids = [encode_prompt(self.tokenizer, p.text) for p in eval_set.prompts]
+            responses = engine.greedy(prompts_ids, self.max_new_tokens)
+            rewards = [
+                eval_set.reward_fn(response_text(self.tokenizer, ids), prompt.ground_truth)[0]
+                for prompt, ids in zip(eval_set.prompts, responses, strict=True)
+            ]
+            greedy_rate = sum(is_correct(r) for r in rewards) / len(rewards)
+            scores.append(self._scores(eval_set, greedy_rate, engine, step))
+        return EvalReport(tuple(scores))
+
     def score(self, eval_set: EvalSet, model: nn.Module, step: int) -> EvalSetScore:
         greedy = greedy_eval(
             model,
@@ -106,22 +122,30 @@ class EvalSuite:
             eval_set.prompts,
             max_new_tokens=self.max_new_tokens,
         )
-        n_prompts = len(eval_set.prompts)
         if self.samples == 0:
-            nan_k = {k: math.nan for k in self.pass_k}
-            return EvalSetScore(eval_set.name, n_prompts, greedy.pass_rate, 0, math.nan, nan_k)
-        correct = self.sampled_correct(eval_set, model, step)
-        pass1, at_k = sampled_scores(correct, self.samples, self.pass_k)
-        return EvalSetScore(eval_set.name, n_prompts, greedy.pass_rate, self.samples, pass1, at_k)
-
-    def sampled_correct(self, eval_set: EvalSet, model: nn.Module, step: int) -> list[int]:
-        """Correct samples per prompt, out of `self.samples`, drawn at `step`."""
-        generator = TorchGenerator.around(
+            return self._scores(eval_set, greedy.pass_rate, None, step)
+        sampler = TorchGenerator.around(
             model,
             sampling=self.sampling,
             eos_token_id=self.tokenizer.eos_token_id,
             pad_token_id=self.tokenizer.pad_token_id,
         )
+        return self._scores(eval_set, greedy.pass_rate, sampler, step)
+
+    def _scores(
+        self, eval_set: EvalSet, greedy_rate: float, sampler: Generator | None, step: int
+    ) -> EvalSetScore:
+        n_prompts = len(eval_set.prompts)
+        if self.samples == 0 or sampler is None:
+            nan_k = {k: math.nan for k in self.pass_k}
+            return EvalSetScore(eval_set.name, n_prompts, greedy_rate, 0, math.nan, nan_k)
+        correct = self.sampled_correct(eval_set, sampler, step)
+        pass1, at_k = sampled_scores(correct, self.samples, self.pass_k)
+        return EvalSetScore(eval_set.name, n_prompts, greedy_rate, self.samples, pass1, at_k)
+
+    def sampled_correct(self, eval_set: EvalSet, generator: Generator, step: int) -> list[int]:
+        """Correct samples per prompt, out of `self.samples`, drawn at `step` by `generator`
+        (the rollouts' torch sampler around the scored model, or a rollout engine)."""
         requests = [
             GenRequest(
                 prompt_ids=encode_prompt(self.tokenizer, prompt.text),

@@ -127,6 +127,11 @@ class TorchGenerator:
     def version(self) -> int:
         return self._version
 
+    @property
+    def model(self) -> torch.nn.Module:
+        """The causal LM it decodes with: the generator's evals score it as it is."""
+        return self._model
+
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         """A rollout generator decodes each request (a prompt's group) as a batch of its own: a
         float32 forward's rounding depends on the batch's shape (rows, padded width), and which

@@ -22,6 +22,7 @@ from pathlib import Path
 import redis
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
+from buffer.eval_requests import EvalRequests
 from buffer.schema import RecordError, RolloutGroup, encode_group, make_group_id
 from buffer.streams import (
     RolloutProducer,
@@ -46,6 +47,7 @@ from harness.signals import SignalLatch, install
 from harness.storage.remote_weights import WeightFetcher
 from harness.storage.setup import setup_component_sync
 from harness.tasks.mixture import make_train_mixture
+from harness.trial.generator_evals import GeneratorEvals, Loaded
 
 IDLE_POLL_S = 0.5
 LOCATION_RESTORE_WAIT_S = 30.0
@@ -72,6 +74,7 @@ class GeneratorStats:
     sync_s: float = 0.0
     syncs: int = 0
     groups: int = 0
+    eval_s: float = 0.0  # running the learner's eval requests (`generator_evals`)
 
     def as_metrics(self) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
@@ -303,8 +306,17 @@ def _generate(
     stats = GeneratorStats()
     most = cfg.generation.max_prompts_per_call or per_step
     message_limit = cfg.buffer.max_message_bytes
-    extra_rounds = cfg.dynamic_sampling_rounds(spec.arm)
-    loaded = 0  # the engine starts on the initial weights, version 0
+    loaded = Loaded(0)  # the engine starts on the initial weights, version 0
+    evals = GeneratorEvals(
+        cfg,
+        spec.seed,
+        maker.generator,
+        requests=EvalRequests(client, run_id),
+        versions=versions,
+        generator_id=generator_id,
+        model_dir=maker.model_dir,
+        fetcher=fetcher,
+    )
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
     checked = False
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
@@ -320,16 +332,18 @@ def _generate(
         if not checked:  # v0 is out, so the learner has named the run's initial weights
             versions.check_initial_weights(maker.initial_weights, f"generator {generator_id}")
             checked = True
+        # The learner waits for these (its step records, or at lag 0 its next batch's
+        # version was published before them): answer before claiming more rollout work.
+        stats.eval_s += evals.serve(loaded)
         published = current[0]
         limit = min(admission_limit(published, spec.lag, per_step), total)
         claimed, carry = claim_batch(
             tickets, generator_id, limit=limit, per_step=per_step, carry=carry, most=most
         )
         if not claimed:
-            # With dynamic sampling the learner may still ask for an extra round of its
-            # last batch: such generators run until the trial's stop request.
-            if not extra_rounds and tickets.all_done(total):
-                break
+            # Every ticket done, a generator still answers eval requests (the last version's
+            # comes after the last batch) and, with dynamic sampling, extra rounds the learner
+            # may ask for: generators run until the trial's stop request.
             idle_from = time.monotonic()
             with contextlib.suppress(TimeoutError):
                 versions.wait_for_version(published + 1, timeout_s=IDLE_POLL_S)
@@ -339,7 +353,7 @@ def _generate(
         _fault_crash_after_claim(claimed)
         batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
         want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
-        if want != loaded:
+        if want != loaded.version:
             try:
                 location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)
             except KeyError:  # published, then its location lost (an AOF cut short)
@@ -348,8 +362,8 @@ def _generate(
                 location = fetcher.fetch(want)
             stats.sync_s += maker.generator.load_weights(want, location)
             stats.syncs += 1
-            loaded = want
-        groups = maker.make(claimed, loaded, stats)
+            loaded.version = want
+        groups = maker.make(claimed, loaded.version, stats)
         draw = ticket_draw(claimed[0], per_step)  # the batch itself for round 0
         push_round(buffer, groups, batch_index=draw, tickets=claimed, limit=message_limit)
         stats.groups += len(groups)

@@ -1,8 +1,8 @@
 """`harness learner`: wire the experiment config to the learner loop and run one learner.
 
 The learner package knows nothing about tasks or tokenizers (dependencies point one way); this
-module supplies the eval function (the eval suite, `harness.evaluation.suite`) and the
-Redis-backed buffer, version registry and weight store.
+module supplies the Redis-backed buffer, version registry, eval requests (which the generators
+answer, `harness.trial.generator_evals`) and weight store.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
+from buffer.eval_requests import EvalRequests
 from buffer.streams import RolloutConsumer, Telemetry, connect
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
@@ -23,7 +24,6 @@ from contract.layout import WEIGHTS_DIR, TrialPaths
 from contract.record import TrialRecordError, read_trial_record, write_json_atomic
 from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
-from harness.evaluation.suite import EvalSuite, make_eval_suite
 from harness.launch.processes import die_with_torchrun_agent
 from harness.models.model_dir import build_model_dir, weights_digest
 from harness.models.tokenizer import encode_prompt, load_tokenizer
@@ -42,20 +42,11 @@ from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
 
 
-def make_evaluator(cfg: ExperimentConfig, model_dir: Path, trial_seed: int) -> EvalSuite:
-    """Every eval set scored greedily (and sampled, with pass@k, when eval.samples > 0); the
-    same prompts for every arm and seed, rendered and scored as the rollouts are."""
-    return make_eval_suite(cfg, model_dir, trial_seed)
-
-
 class _RankZeroOnly:
-    """Stands in for Redis, the weight store and eval on ranks > 0, which never use them."""
+    """Stands in for Redis and the weight store on ranks > 0, which never use them."""
 
     def __getattr__(self, name: str) -> Any:
-        raise RuntimeError(f"{name}: only rank 0 talks to Redis, the weight store and eval")
-
-    def __call__(self, *_: object) -> Any:
-        raise RuntimeError("only rank 0 evaluates")
+        raise RuntimeError(f"{name}: only rank 0 talks to Redis and the weight store")
 
 
 # Fault injection for tests only: the learner process exits abruptly (os._exit, no cleanup, as a
@@ -243,8 +234,9 @@ def run_learner_component(
                     buffer = UploadBeforeAck(buffer, sync)
                     weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
                     on_step = _with_progress_push(on_step, sync)
-                evaluate = make_evaluator(cfg, task.model_dir, spec.seed)
-                ports = LearnerPorts(buffer, telemetry, versions, weights, evaluate)
+                evals = EvalRequests(client, run_id, wait_timeout_s=task.take_timeout_s)
+                evals.withdraw_all()  # an earlier learner's requests: nobody waits for them
+                ports = LearnerPorts(buffer, telemetry, versions, weights, evals)
             else:
                 stand_in = _RankZeroOnly()
                 ports = LearnerPorts(stand_in, stand_in, stand_in, stand_in, stand_in)

@@ -18,6 +18,7 @@ from pathlib import Path
 import redis
 
 from buffer.connection import BufferConnectionError, RunStateLostError
+from buffer.eval_requests import EvalRequests
 from buffer.server import EmbeddedRedis, RedisStartError
 from buffer.streams import TicketDispenser, VersionRegistry, clear_stop, connect, delete_run
 from contract.layout import TrialPaths
@@ -215,10 +216,11 @@ def _reset_run(
     redis_url: str, cfg: ExperimentConfig, run_id: str, fresh: bool, weights: Path
 ) -> None:
     """Fresh trial: delete the run's keys (a previous attempt's leftovers). Resume: release the
-    tickets leased by the generators that died with the previous attempt, and name again the
-    location of every version in the weight store `weights` whose location Redis lost (an AOF
-    cut short: the generators start before the learner could). Either way withdraw the stop flag
-    the previous attempt's teardown set, or every generator would exit at once."""
+    tickets and eval requests leased by the generators that died with the previous attempt,
+    and name again the location of every version in the weight store `weights` whose location
+    Redis lost (an AOF cut short: the generators start before the learner could). Either way
+    withdraw the stop flag the previous attempt's teardown set, or every generator would exit
+    at once."""
     with connect(redis_url, cfg.buffer.tls_ca_file) as client:
         if fresh:
             delete_run(client, run_id)  # the learner's consumer creates the stream's group again
@@ -226,6 +228,7 @@ def _reset_run(
             from buffer.weight_store import WeightStore  # torch: only a resume reads the store
 
             TicketDispenser(client, run_id).expire_all_leases()
+            EvalRequests(client, run_id).expire_all_leases()
             store = WeightStore(weights)
             VersionRegistry(client, run_id).restore_locations(
                 {v: store.path(v) for v in store.versions()}

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import redis
 
+from buffer.eval_requests import EvalRequests
 from buffer.streams import TicketDispenser, connect, request_stop
 from contract.layout import TrialPaths
 from contract.record import read_json
@@ -188,14 +189,16 @@ def generator_id(index: int) -> str:
 
 
 def _after_generator_crash(launch: Launch, gen_id: str) -> int:
-    """Expire the dead generator's leases, so its restart (same id) or any other generator takes
-    its tickets now rather than after DEFAULT_LEASE_S; returns the trial's progress, learner
-    steps plus tickets completed, which grows with any learner step or pushed group."""
+    """Expire the dead generator's leases (tickets, eval requests), so its restart (same id) or
+    any other generator takes its work now rather than after DEFAULT_LEASE_S; returns the
+    trial's progress, learner steps plus tickets completed, which grows with any learner step
+    or pushed group."""
     completed = 0
     try:
         with connect(launch.redis_url, launch.cfg.buffer.tls_ca_file) as client:
             tickets = TicketDispenser(client, launch.run_id)
             tickets.release_owned(gen_id)
+            EvalRequests(client, launch.run_id).release_owned(gen_id)
             completed = tickets.completed()
     except (OSError, redis.RedisError) as exc:  # Redis down: the learner reports it; count steps
         print(f"warning: cannot reach Redis after {gen_id} crashed: {exc}", flush=True)

@@ -10,12 +10,16 @@ Taking (`learner.runtime.take`) checks every group at intake and never trains on
 step's metric row is assembled in `learner.runtime.step_metrics` and written with its ledger by
 `learner.runtime.records`, off the critical path (`learner.runtime.step_io`).
 
-Data-parallel (`torchrun`, `learner.runtime.distributed`): rank 0 alone takes, publishes, evaluates,
-logs and commits; it broadcasts each batch, which keeps the other ranks in lockstep, and every
-rank trains its share of it and loads the checkpoint on resume. Sharded (`learner.parallel=fsdp`),
-every rank also takes part in gathering each version's full weights (`PublishedWeights`) and in
-writing each checkpoint's shards; the collectives run in the same order on every rank: batch
-broadcast, training, gather, checkpoint.
+Evals are the generators' (`buffer.eval_requests`): after publishing a version whose evals are
+due, the learner asks for them, and the step's records wait for the answer on their own writer
+thread while training goes on; a checkpoint waits for them like for any record it vouches for.
+
+Data-parallel (`torchrun`, `learner.runtime.distributed`): rank 0 alone takes, publishes, asks
+for evals, logs and commits; it broadcasts each batch, which keeps the other ranks in lockstep,
+and every rank trains its share of it and loads the checkpoint on resume. Sharded
+(`learner.parallel=fsdp`), every rank also takes part in gathering each version's full weights
+(`PublishedWeights`) and in writing each checkpoint's shards; the collectives run in the same
+order on every rank: batch broadcast, training, gather, checkpoint.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 
 import numpy as np
@@ -49,7 +54,7 @@ from learner.runtime.step import (
 from learner.runtime.step_io import StepWriter
 from learner.runtime.step_metrics import grad_spikes, ledger_rows, perf_metrics, step_metrics
 from learner.runtime.take import NOTHING, BatchTaker, Taken
-from learner.runtime.task import Evaluate, LearnerOutcome, LearnerPorts, LearnerTask
+from learner.runtime.task import EvalPort, LearnerOutcome, LearnerPorts, LearnerTask
 
 __all__ = [
     "LearnerOutcome",
@@ -73,7 +78,7 @@ def run_learner(
     check_group_split(cfg.prompts_per_step, cfg.minibatches, dist.world_size)
     configure_determinism(task.seed, cfg.threads)
     models = build_step_models(task.model_dir, task.arm, cfg, total_steps)
-    train_models = wrap_ddp(models, dist)  # checkpoints, weight store and eval use `models`
+    train_models = wrap_ddp(models, dist)  # checkpoints and weight store use `models`
     state, published, records, commits = start_or_resume(
         task, models, ports, resume=resume, dist=dist
     )
@@ -83,7 +88,10 @@ def run_learner(
     if task.mode == "fixed" and state.refused_slots:  # the checkpoint recorded one: fail at once
         return _refused(state, metrics)
     checkpoint_s: float | None = None  # logged on the step after its checkpoint
-    with StepWriter() as step_io:  # weights, metric rows, ledger: off the critical path
+    latest_eval: dict[str, float] = {}  # the newest recorded eval's metrics (`_record_step`)
+    # Off the critical path, on two writers: weights (publish, then the eval request) and the
+    # step records (which wait for the step's evals, run by a generator, when they are due).
+    with StepWriter() as step_io, StepWriter("learner-records") as records_io:
         while state.step < total_steps:
             step, t_wait = state.step, time.perf_counter()
             if task.lag == 0 and dist.is_main:
@@ -97,7 +105,9 @@ def run_learner(
                 # Nothing can fill that slot: a checkpoint of this step records why, so a resume
                 # fails at once too (unless a collective save the other ranks cannot join).
                 collective = published.sharded and dist.world_size > 1
-                _checkpoint_refusal(exc, state, step_io, commits, collective=collective)
+                _checkpoint_refusal(
+                    exc, state, (step_io, records_io), commits, collective=collective
+                )
                 if dist.world_size > 1:
                     raise  # the other ranks wait in the batch broadcast: end them all
                 return _refused(state, metrics)
@@ -116,8 +126,12 @@ def run_learner(
             if not dist.is_main:
                 if published.sharded and checkpoint_due:
                     commits.save_shards(state)
-                continue  # rank 0 alone publishes, evaluates, commits and logs
-            step_io.submit(partial(published.publish, state.step, snapshot))
+                continue  # rank 0 alone publishes, asks for evals, commits and logs
+            eval_due = state.step % cfg.eval_every == 0 or state.step == total_steps
+            eval_request: Future[str] | None = Future() if eval_due else None
+            step_io.submit(
+                partial(_publish, published, ports.evals, state.step, snapshot, eval_request)
+            )
             t_published = time.perf_counter()
             # Settled at the checkpoint: every group read, trained or filtered (dynamic
             # sampling), so none is read again; the checkpoint's "trained" ids are these.
@@ -127,21 +141,30 @@ def run_learner(
             metrics |= grad_spikes(state, metrics[M.OPTIM_GRAD_NORM], cfg.grad_spike_factor)
             metrics |= ports.telemetry.buffer_metrics() | ports.telemetry.generator_metrics()
             metrics |= perf_metrics(t_wait, t_train, t_publish, t_published, checkpoint_s)
-            if state.step % cfg.eval_every == 0 or state.step == total_steps:
-                metrics |= _evaluate(ports.evaluate, published, records, state.step, snapshot)
             rows = ledger_rows(taken, step)
-            step_io.submit(partial(records.append, state.step, time.time(), dict(metrics), rows))
+            records_io.submit(
+                partial(
+                    _record_step,
+                    records,
+                    ports.evals,
+                    (state.step, time.time(), dict(metrics), rows),
+                    eval_request,
+                    latest_eval,
+                )
+            )
             checkpoint_s = None
             if checkpoint_due:  # commit
                 t_checkpoint = time.perf_counter()
-                # A checkpoint claims steps <= this one: their weights, metric rows and ledger
-                # must be on disk first (a resume truncates only what is newer).
+                # A checkpoint claims steps <= this one: their weights, metric rows, evals and
+                # ledger must be on disk first (a resume truncates only what is newer).
                 step_io.drain()
+                records_io.drain()
                 commits.commit(state)
                 checkpoint_s = time.perf_counter() - t_checkpoint
             if on_step is not None:
                 on_step(state.step, metrics)
-        return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics)
+        records_io.drain()  # the last step is a checkpoint's: already drained, evals included
+        return LearnerOutcome(TrialStatus.COMPLETED, state.step, None, metrics | latest_eval)
 
 
 def configure_determinism(seed: int, threads: int) -> None:
@@ -180,25 +203,49 @@ def _train(
     )
 
 
-def _evaluate(
-    evaluate: Evaluate,
+def _publish(
     published: PublishedWeights,
-    records: StepRecords,
-    step: int,
+    evals: EvalPort,
+    version: int,
     snapshot: dict[str, torch.Tensor],
-) -> dict[str, float]:
-    """eval/pass_rate (and the evals' rows, `StepRecords.eval_pass_rate`) after `step` updates,
-    scored on the weights of `snapshot`, and perf/eval_s."""
-    started = time.perf_counter()
-    with published.eval_model(snapshot) as model:
-        pass_rate = records.eval_pass_rate(step, evaluate(model, step))
-    return {M.EVAL_PASS_RATE: pass_rate, M.PERF_EVAL_S: time.perf_counter() - started}
+    eval_request: Future[str] | None,
+) -> None:
+    """Publish `version` (the weight store keeps the versions whose evals are pending) and,
+    when its evals are due, ask the generators for them: only now can one load its weights.
+    The request's id goes to `_record_step` through `eval_request`, or the failure does."""
+    try:
+        published.publish(version, snapshot, protect=evals.pending_versions())
+        if eval_request is not None:
+            eval_request.set_result(evals.request(version))
+    except BaseException as exc:
+        if eval_request is not None and not eval_request.done():
+            eval_request.set_exception(exc)
+        raise
+
+
+def _record_step(
+    records: StepRecords,
+    evals: EvalPort,
+    row: tuple[int, float, dict[str, float], list[dict[str, object]] | None],
+    eval_request: Future[str] | None,
+    latest_eval: dict[str, float],
+) -> None:
+    """Write step `row`'s metric row (with eval/pass_rate and perf/eval_s when its evals were
+    due: waited for here, off the training thread), its eval rows and its ledger."""
+    step, timestamp, metrics, ledger = row
+    if eval_request is not None:
+        report, seconds = evals.wait(eval_request.result())
+        scores = {M.EVAL_PASS_RATE: records.eval_pass_rate(step, report), M.PERF_EVAL_S: seconds}
+        latest_eval.clear()
+        latest_eval.update(scores)
+        metrics = metrics | scores
+    records.append(step, timestamp, metrics, ledger)
 
 
 def _checkpoint_refusal(
     refusal: SlotRefusedError,
     state: TrainingState,
-    step_io: StepWriter,
+    writers: tuple[StepWriter, ...],
     commits: Commits,
     *,
     collective: bool,
@@ -206,7 +253,8 @@ def _checkpoint_refusal(
     """Record `refusal` in the state and, unless the save would be `collective`, checkpoint it
     (after the pending writes) with the groups consumed so far."""
     state.refused_slots = {**state.refused_slots, refusal.group_id: str(refusal)}
-    step_io.drain()
+    for writer in writers:
+        writer.drain()
     if not collective:
         commits.commit(state)
 

@@ -11,7 +11,7 @@ is bitwise reproducible). A group is never trained twice across commits.
 Resuming loads the newest intact checkpoint (weights, optimisers, schedulers, RNG states and the
 `TrainingState`), checks the step files it vouches for, squares Redis with it and only then
 drops the step records newer than it. A learner with no checkpoint starts from the initial
-weights: it publishes v0 and logs step 0's evals.
+weights: it publishes v0 and logs step 0's evals (run by a generator, as every eval).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def start_or_resume(
     """Restore the newest intact checkpoint (every rank), or start from the initial weights
     (rank 0 publishes v0 and logs step 0). Raises ResumeError (one line) before deleting
     anything when the checkpoint, its step files or the run's Redis do not add up."""
-    modules = checkpoint_modules(models)  # unwrapped: checkpoints, weight store and eval
+    modules = checkpoint_modules(models)  # unwrapped: checkpoints and weight store
     keep = versions_to_keep(task.learner, task.lag)
     published = PublishedWeights(
         models,
@@ -117,8 +117,8 @@ def start_or_resume(
             settle_resumed_commits(buffer, state, "the initial weights (no checkpoint)")
         records.truncate_after(-1)
         published.publish_initial(resume=resume)
-        with published.eval_model() as model:
-            pass_rate = records.eval_pass_rate(0, ports.evaluate(model, 0))
+        report, _seconds = ports.evals.wait(ports.evals.request(0))  # a generator runs them
+        pass_rate = records.eval_pass_rate(0, report)
         records.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     return Start(state, published, records, Commits(checkpoints, modules, buffer, dist))
 

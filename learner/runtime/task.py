@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from torch import nn
+from typing import Protocol
 
 from buffer.streams import RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
 from contract.evals import EvalReport
@@ -47,14 +46,28 @@ class LearnerTask:
         return self.steps or self.learner.steps
 
 
-# Scores a policy after `step` updates: the primary pass rate, or the report of every eval set.
-Evaluate = Callable[[nn.Module, int], EvalReport | float]
+class EvalPort(Protocol):
+    """The evals of published versions, which the generators run (`buffer.eval_requests`): the
+    learner asks once a version is published and records what comes back, so no learner rank
+    ever holds a second copy of the policy for them."""
+
+    def request(self, version: int) -> str:
+        """Ask for the evals of published `version`; returns the request's id."""
+        ...
+
+    def wait(self, request_id: str) -> tuple[EvalReport | float, float]:
+        """(the report, or the primary pass rate alone; seconds the evals took) of a request."""
+        ...
+
+    def pending_versions(self) -> set[int]:
+        """Versions asked for and not yet answered: the weight store keeps them."""
+        ...
 
 
 @dataclass(frozen=True)
 class LearnerPorts:
     """What the learner reads from and writes to, besides files: the rollout stream, the
-    generators' telemetry, the version registry, the weight store and the evaluator. Built by
+    generators' telemetry, the version registry, the weight store and the eval requests. Built by
     the harness (Redis, local or remote weights) or a test; ranks other than 0 get stand-ins
     that refuse every call, since rank 0 alone talks to them."""
 
@@ -62,7 +75,7 @@ class LearnerPorts:
     telemetry: TelemetryReader
     versions: VersionPublisher
     weights: WeightWriter
-    evaluate: Evaluate
+    evals: EvalPort
 
 
 @dataclass

@@ -118,7 +118,8 @@ GSPO_TWO_SEEDS = Experiment(
 # of warm component processes: the first trial starts the slot's vLLM engine, the other seven
 # keep it (reset to the initial weights). test_trial reads the arms' trials; test_warm_components
 # the kept engine; and both compare its GRPO lag-1 trial with a cold `harness trial` of the same
-# configuration (VLLM_GRPO_LAG1), bit for bit.
+# configuration (VLLM_GRPO_LAG1), bit for bit. Their evals run on the vLLM engine
+# (`eval.engine: generator`): its greedy and seeded sampling, between rollout rounds.
 VLLM_ARMS = Experiment(
     (
         *SMALL,
@@ -128,11 +129,12 @@ VLLM_ARMS = Experiment(
         "seeds=[0]",
         "staleness.lags=[0, 1]",
         "tracking.enabled=false",
+        "eval.engine=generator",  # the evals on the vLLM engine itself, as on GPUs
     ),
     steps=2,
     max_parallel=1,
 )
-VLLM_GRPO_LAG1 = Recipe("grpo", steps=2, lag=1, backend="vllm")
+VLLM_GRPO_LAG1 = Recipe("grpo", steps=2, lag=1, backend="vllm", extra=("eval.engine=generator",))
 
 
 def private_copy(finished: Path, out: Path) -> Path:

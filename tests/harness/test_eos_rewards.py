@@ -2,10 +2,11 @@
 
 A tiny Qwen2 on a ChatML tokenizer is taught (supervised, as the warm start does) to answer `42`
 and stop with `<|im_end|>` on rendered chat prompts. The rollout path (the generator's
-`GroupMaker`, torch backend) and the eval path (the learner's `make_evaluator`) then run on the
-same model directory: both must render the chat the same way and hand the verifier, or a user's
-reward function, the text `42` with the EOS removed. Before EOS-consistent decoding the rollouts
-scored `42<|im_end|>` and got 0 while eval gave 1.
+`GroupMaker`, torch backend) and the eval path (the eval suite the generators run, on a torch
+copy and on the rollout engine) then run on the same model directory: both must render the chat
+the same way and hand the verifier, or a user's reward function, the text `42` with the EOS
+removed. Before EOS-consistent decoding the rollouts scored `42<|im_end|>` and got 0 while eval
+gave 1.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ import torch
 
 from contract.trial import TrialSpec
 from harness.config import ExperimentConfig
+from harness.evaluation.suite import make_eval_suite
 from harness.models.factory import load_policy
 from harness.models.warm_start import answer_loss, pinned_threads, sft_batch
 from harness.tasks.factory import make_rendered_task
 from harness.trial.generator_main import GeneratorStats, GroupMaker
-from harness.trial.learner_main import make_evaluator
 from tests.harness.chat_tokenizer import build_chat_tokenizer
 from tests.tiny_models import TinyArch, TokenIds, tiny_model
 
@@ -97,8 +98,10 @@ def test_training_and_eval_rewards_agree_on_a_special_eos(setup, exact_42_module
     cfg = ExperimentConfig(**_config(task_file, model_dir, **task))
 
     maker = GroupMaker(cfg, TrialSpec("grpo", 0, 0, "fixed"), "eos-run", "gen-0")
+    suite = make_eval_suite(cfg, model_dir, trial_seed=0)
     try:
         (group,) = maker.make([0], version=0, stats=GeneratorStats())
+        on_engine = suite.on_engine(maker.generator, 0)  # eval.engine: generator
     finally:
         maker.generator.close()
     eos = maker.tokenizer.eos_token_id
@@ -109,5 +112,5 @@ def test_training_and_eval_rewards_agree_on_a_special_eos(setup, exact_42_module
     if scorer == "reward_fn":
         assert json.loads(group.reward_infos[0])["seen"] == "42"
 
-    evaluate = make_evaluator(cfg, model_dir, trial_seed=0)
-    assert evaluate(load_policy(model_dir, torch.float32, "cpu"), 0).pass_rate == 1.0
+    assert suite(load_policy(model_dir, torch.float32, "cpu"), 0).pass_rate == 1.0  # torch copy
+    assert on_engine.pass_rate == 1.0

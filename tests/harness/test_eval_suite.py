@@ -1,6 +1,8 @@
-"""The learner's eval suite on the built-in warm-started model: the default single set scores
-exactly as the greedy eval always did; sampled scores come from the rollouts' own seeded sampler,
-reproducibly, without touching the caller's RNG or train/eval mode; MLflow keys per set."""
+"""The eval suite (run by the generators) on the built-in warm-started model: the default single
+set scores exactly as the greedy eval always did; sampled scores come from the rollouts' own
+seeded sampler, reproducibly, without touching the caller's RNG or train/eval mode; on a rollout
+engine (`eval.engine: generator`) it scores that engine's greedy and seeded answers; MLflow keys
+per set."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from harness.generators.base import GenRequest
 from harness.generators.torch_backend import TorchGenerator
 from harness.models.factory import load_policy
 from harness.models.model_dir import build_model_dir
-from harness.models.tokenizer import encode_prompt, load_tokenizer
+from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.models.warm_start import greedy_eval
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.rewards import make_reward_fn
@@ -86,8 +88,10 @@ def test_two_sets_greedy_and_sampled(built) -> None:
         ("prefixed", 24, 4),
     ]
     assert report.pass_rate == main.greedy_pass_rate
+    ids = dict(eos_token_id=suite.tokenizer.eos_token_id, pad_token_id=suite.tokenizer.pad_token_id)
+    sampler = TorchGenerator.around(model, sampling=suite.sampling, **ids)
     for score, eval_set in zip(report.scores, suite.sets, strict=True):
-        counts = suite.sampled_correct(eval_set, model, 20)  # the same seeds: the same draws
+        counts = suite.sampled_correct(eval_set, sampler, 20)  # the same seeds: the same draws
         assert score.pass1_sampled == sum(c / 4 for c in counts) / len(counts)
         for k in (1, 2, 4):
             by_hand = sum(pass_at_k(4, c, k) for c in counts) / len(counts)
@@ -117,6 +121,39 @@ def test_sampled_evals_use_the_rollout_sampler(built) -> None:
         # float32 rounding of two model instances (thread pools differ): ~1e-6
         assert ours == pytest.approx(theirs, abs=1e-5)
     assert len(set(seeds)) == 4 and seeds[0] != eval_sample_seed(3, 20, "main", prompt.index, 0)
+
+
+def test_on_an_engine_the_suite_scores_the_engines_own_answers(built) -> None:
+    """`eval.engine: generator`: greedy from the engine's argmax decoding, samples from its
+    seeded sampler with the eval seeds; by hand from the same engine calls, reproducibly."""
+    model_dir, _ = built
+    cfg = quickstart(*TWO_SETS)
+    suite = make_eval_suite(cfg, model_dir, trial_seed=3)
+    tokenizer = suite.tokenizer
+    engine = TorchGenerator(
+        model_dir,
+        sampling=suite.sampling,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        threads=1,
+    )
+    report = suite.on_engine(engine, 20)
+    assert [(s.eval_set, s.n_prompts, s.samples) for s in report.scores] == [
+        ("main", 32, 4),
+        ("prefixed", 24, 4),
+    ]
+    for score, eval_set in zip(report.scores, suite.sets, strict=True):
+        answers = engine.greedy([encode_prompt(tokenizer, p.text) for p in eval_set.prompts], 8)
+        rewards = [
+            eval_set.reward_fn(response_text(tokenizer, ids), p.ground_truth)[0]
+            for p, ids in zip(eval_set.prompts, answers, strict=True)
+        ]
+        assert score.greedy_pass_rate == sum(r >= 1 for r in rewards) / len(rewards)
+        counts = suite.sampled_correct(eval_set, engine, 20)
+        assert score.pass1_sampled == sum(c / 4 for c in counts) / len(counts)
+        assert score.pass_at_k[4] == sum(c > 0 for c in counts) / len(counts)
+    assert 0.1 < report.pass_rate < 0.6  # the warm-started model, as on the torch copy
+    assert suite.on_engine(engine, 20) == report
 
 
 def test_eval_rows_become_mlflow_metrics_per_set() -> None:

@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from buffer.tickets import DEFAULT_LEASE_S
+from harness.experiment.trial_runs import read_evals
+from harness.trial.generator_evals import FAULT_CRASH_EVAL_FILE_ENV
 from harness.trial.generator_main import FAULT_CRASH_FILE_ENV
 from harness.trial.restarts import RestartBudget
 from learner.runtime.checkpoint import CheckpointStore
@@ -57,10 +59,16 @@ def test_four_crashes_with_progress_between_finish_the_trial_without_lease_waits
 ) -> None:
     """The generator crashes holding a whole batch, four times (batches 0..3, one more than the
     old whole-trial budget of 3). Each restart must reclaim its batch at once: the old code
-    waited out the 120 s lease, and failed the trial on the fourth crash."""
-    out, crash_file = tmp_path / "trial", tmp_path / "crash"
-    env = {**os.environ, FAULT_CRASH_FILE_ENV: str(crash_file)}
+    waited out the 120 s lease, and failed the trial on the fourth crash. A fifth crash holds the
+    last version's eval request: its restart answers it at once too."""
+    out, crash_file, eval_crash = tmp_path / "trial", tmp_path / "crash", tmp_path / "eval"
+    env = {
+        **os.environ,
+        FAULT_CRASH_FILE_ENV: str(crash_file),
+        FAULT_CRASH_EVAL_FILE_ENV: str(eval_crash),
+    }
     _crash_at(crash_file, 0)
+    _crash_at(eval_crash, STEPS)  # and a fifth, mid-eval: holding the last version's evals
     process = subprocess.Popen(
         trial_command(out, "gspo", steps=STEPS),
         cwd=REPO,
@@ -76,6 +84,7 @@ def test_four_crashes_with_progress_between_finish_the_trial_without_lease_waits
             _crash_at(crash_file, batch * PROMPTS_PER_STEP)
             _wait_consumed(crash_file, process, timeout_s=RESTART_DEADLINE_S)
         assert process.wait(timeout=300) == 0
+        assert not eval_crash.exists()
     finally:
         if process.poll() is None:
             process.kill()
@@ -85,6 +94,12 @@ def test_four_crashes_with_progress_between_finish_the_trial_without_lease_waits
     for batch in range(STEPS):
         held = list(range(batch * PROMPTS_PER_STEP, (batch + 1) * PROMPTS_PER_STEP))
         assert f"fault injection: exiting holding tickets {held}" in log
+    # The restart answered the last evals at once (the supervisor freed the dead one's request;
+    # the learner would otherwise wait out its 120 s lease), and they were recorded once.
+    assert f"fault injection: exiting holding the eval request of version {STEPS}" in log
+    evals = read_evals(out).to_pandas()
+    rows = list(zip(evals["step"], evals["eval_set"], strict=True))
+    assert len(rows) == len(set(rows)) and sorted({step for step, _ in rows}) == [0, 2, STEPS]
     step = CheckpointStore(out / "checkpoints").latest_step()
     state = torch.load(out / "checkpoints" / f"step-{step:06d}" / "state.pt", weights_only=True)
     trained = state["training_state"]["trained_group_ids"]

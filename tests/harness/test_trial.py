@@ -21,6 +21,7 @@ from contract import metrics as M
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from harness.experiment.grid import classify_trial
+from harness.experiment.trial_runs import read_evals
 from harness.launch.trials import PlannedTrial
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
 from learner.runtime.checkpoint import CheckpointStore
@@ -60,6 +61,13 @@ def test_short_trial_per_arm_with_vllm(vllm_arms: Path, arm: str) -> None:
     # vLLM's float32 behaviour logprobs match the learner's recompute of the same weights.
     assert (trained[M.MISMATCH_KL_BEHAVIOR] < 1e-6).all()
     assert np.isfinite(frame[M.EVAL_PASS_RATE].loc[[0, 2]]).all()
+    # Scored on the vLLM engine (eval.engine: generator): both sets, at steps 0 and 2.
+    evals = read_evals(trial).to_pandas()
+    assert sorted(zip(evals["step"], evals["eval_set"], strict=True)) == [
+        (0, "addition2"), (0, "addition2_q"), (2, "addition2"), (2, "addition2_q")
+    ]  # fmt: skip
+    primary = evals[evals["eval_set"] == "addition2"].set_index("step")["greedy_pass_rate"]
+    assert primary.to_dict() == frame[M.EVAL_PASS_RATE].loc[[0, 2]].to_dict()
     if arm == "ppo":
         assert np.isfinite(trained[M.VALUE_LOSS]).all()
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from transformers import AutoModelForCausalLM
+
 from buffer.consumer import RolloutConsumer
 from buffer.telemetry import Telemetry
 from buffer.versions import VersionRegistry
@@ -48,6 +50,28 @@ def no_eval(_model: object, _step: int) -> float:
     return 0.0
 
 
+class StoreEvals:
+    """The learner's eval port for a run with no generator process: each request is answered
+    at once by `score(model, version)` on the version's weights read back from the weight store,
+    what a generator loads (`no_eval` skips the load)."""
+
+    def __init__(self, weights_dir: Path, score: Callable[[object, int], float]) -> None:
+        self.store, self.score = WeightStore(weights_dir), score
+
+    def request(self, version: int) -> str:
+        return str(version)
+
+    def wait(self, request_id: str) -> tuple[float, float]:
+        version = int(request_id)
+        if self.score is no_eval:
+            return 0.0, 0.0
+        model = AutoModelForCausalLM.from_pretrained(self.store.path(version))
+        return self.score(model, version), 0.0
+
+    def pending_versions(self) -> set[int]:
+        return set()
+
+
 def run_on_redis(
     task: LearnerTask,
     client,
@@ -64,6 +88,6 @@ def run_on_redis(
         telemetry=Telemetry(client, run_id),
         versions=VersionRegistry(client, run_id),
         weights=WeightStore(weights_dir),
-        evaluate=evaluate,
+        evals=StoreEvals(weights_dir, evaluate),
     )
     return run_learner(task, ports, resume=resume, on_step=on_step)
