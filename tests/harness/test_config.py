@@ -251,6 +251,21 @@ def test_model_dump_is_pydantics_own_and_the_resolved_form_omits_the_table() -> 
     assert validate_config(resolved).config_hash() == cfg.config_hash()
 
 
+def test_the_eval_engine_is_omitted_at_auto_and_kept_otherwise() -> None:
+    """`eval.engine` came after configs were written: `auto` keeps their hash, a chosen engine
+    is written and hashed; `auto` means the torch copy on CPU generators, the engine on CUDA."""
+    auto = load_config(REPO / "configs/quickstart.yaml")
+    assert "engine" not in resolved_dump(auto)["eval"]
+    assert auto.eval.engine_on("cpu") == "torch" and auto.eval.engine_on("cuda") == "generator"
+    chosen = load_config(REPO / "configs/quickstart.yaml", ["eval.engine=generator"])
+    assert resolved_dump(chosen)["eval"]["engine"] == "generator"
+    assert chosen.eval.engine_on("cpu") == "generator"
+    assert chosen.config_hash() != auto.config_hash()
+    assert validate_config(resolved_dump(chosen)) == chosen
+    with pytest.raises(ConfigError, match=r"eval\.engine"):
+        load_config(REPO / "configs/quickstart.yaml", ["eval.engine=learner"])
+
+
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_resolves_to_itself(path: Path) -> None:
     cfg = load_config(path)  # objective_zoo.yaml loads a plugin (tests/conftest.py restores)
