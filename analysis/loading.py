@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from analysis.eval_tables import stack_evals, trial_evals
 from contract import metrics as mn
@@ -31,6 +32,7 @@ TRIAL_COLUMNS = [
     "steps_planned",
     "last_step",
     "started_s",  # trial.json `started_at` as epoch seconds (NaN if absent): wall-clock origin
+    "policy",  # the staleness policy the trial ran (`staleness_policy`)
 ]
 PROBLEM_COLUMNS = ["trial_name", "arm", "seed", "lag", "status", "problem"]
 
@@ -83,7 +85,26 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     return frame.reset_index(drop=True), problems
 
 
-def _trial_row(record: TrialRecord, name: str, last_step: float) -> dict:
+def staleness_policy(mode: str, lag: int, sync_every: int) -> str:
+    """The staleness policy of a trial in words: its mode and lag (admission control and, in
+    bounded mode, dropping), and the weight-sync interval when generators sync less often."""
+    words = f"fixed lag {lag}" if mode == "fixed" else f"bounded, max lag {lag}"
+    return words + (f", weights synced every {sync_every} steps" if sync_every > 1 else "")
+
+
+def _sync_every(trial_dir: Path) -> int:
+    """`staleness.sync_every` of the trial's resolved config (1 when absent: written before the
+    option existed, or at its default, which the resolved config leaves out)."""
+    try:
+        data = yaml.safe_load(TrialPaths(trial_dir).resolved_config.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return 1
+    staleness = (data or {}).get("staleness") if isinstance(data, dict) else None
+    value = staleness.get("sync_every", 1) if isinstance(staleness, dict) else 1
+    return value if isinstance(value, int) and value >= 1 else 1
+
+
+def _trial_row(record: TrialRecord, name: str, last_step: float, sync_every: int = 1) -> dict:
     """One row of `Experiment.trials`; statuses and modes as plain strings."""
     status = str(record.status)
     return {
@@ -102,6 +123,7 @@ def _trial_row(record: TrialRecord, name: str, last_step: float) -> dict:
         "steps_planned": record.steps_planned,
         "last_step": last_step,
         "started_s": _epoch_s(record.started_at),
+        "policy": staleness_policy(str(record.mode), record.lag, sync_every),
     }
 
 
@@ -146,7 +168,7 @@ def load_experiment(root: Path) -> Experiment:
             continue
         frame, metric_problems = read_metrics(TrialPaths(trial_dir).metrics)
         last = float(frame[mn.STEP].max()) if len(frame) else math.nan
-        row = _trial_row(stored, trial_dir.name, last)
+        row = _trial_row(stored, trial_dir.name, last, _sync_every(trial_dir))
         trial_rows.append(row)
         keys = {k: row[k] for k in ("trial_name", "arm", "seed", "lag", "status")}
         no_evals = len(frame) and (

@@ -78,6 +78,16 @@ class StalenessConfig(BaseModel):
         "(bounded). 0 is synchronous on-policy training.",
     )
 
+    sync_every: int = Field(
+        default=1,
+        ge=1,
+        description="Generators load new weights only every this many learner steps (TRL's and "
+        "verl's weight-sync interval): the version a batch is generated with is the last "
+        "multiple of it at or below what the mode's rule gives, max(0, k - lag) (fixed) or the "
+        "newest version (bounded). Groups may then be up to sync_every - 1 versions staler: "
+        "bounded mode drops only groups older than lag + sync_every - 1. 1 = every step.",
+    )
+
     @model_validator(mode="after")
     def _check_lags(self) -> StalenessConfig:
         bad = [lag for lag in self.lags if lag < 0]

@@ -185,9 +185,19 @@ def ticket_draw(ticket: int, prompts_per_step: int) -> int:
     return draw_key(ticket_batch(ticket, prompts_per_step), ticket_round(ticket))
 
 
-def fixed_policy_version(batch_index: int, lag: int) -> int:
-    """Fixed mode: batch k is generated with exactly version max(0, k - lag)."""
-    return max(0, batch_index - lag)
+def fixed_policy_version(batch_index: int, lag: int, sync_every: int = 1) -> int:
+    """Fixed mode: batch k is generated with exactly version max(0, k - lag), or with
+    `staleness.sync_every` s > 1 the last multiple of s at or below it (generators take new
+    weights only every s learner steps: deterministic, so fixed mode stays reproducible)."""
+    return synced_version(max(0, batch_index - lag), sync_every)
+
+
+def synced_version(version: int, sync_every: int) -> int:
+    """The newest version a generator may load when weights reach it only every `sync_every`
+    learner steps (TRL's and verl's sync interval): the last multiple of it <= `version`."""
+    if sync_every < 1:
+        raise ValueError(f"sync_every={sync_every} must be >= 1")
+    return version - version % sync_every
 
 
 class TicketDispenser:

@@ -283,6 +283,7 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     *LEARNER_OMITTED_AT_DEFAULT,
     OmitAtDefault(TaskConfig, "eval_offset", 0),
     OmitAtDefault(EvalConfig, "engine", "auto"),
+    OmitAtDefault(StalenessConfig, "sync_every", 1),
     OmitAtDefault(ExperimentConfig, "tuning", None),
     OmitAtDefault(ExperimentConfig, "selection", None),
 )

@@ -65,9 +65,21 @@ def problem_items(problems: pd.DataFrame) -> list[str]:
     return items
 
 
+def policy_line(scores: pd.DataFrame) -> str:
+    """Which staleness policy the trials ran (mode and lag, and the weight-sync interval), with
+    how many trials ran each: the report states the regime of every number below."""
+    if not len(scores) or "policy" not in scores.columns:
+        return ""
+    counts = scores["policy"].value_counts(sort=False).sort_index()
+    ran = "; ".join(f"{policy} ({n} trial{'' if n == 1 else 's'})" for policy, n in counts.items())
+    return f"Staleness policies: {ran}."
+
+
 def blocks(page: Page) -> list[Block]:
+    policy = policy_line(page.scores)
     return [
         Block("h2", "Trials"),
+        *([Block("p", policy)] if policy else []),
         Block("table", table=wide_table(page.summary, "trials")),
         Block("h3", "Diverged, incomplete or missing trials"),
         Block("list", items=problem_items(page.problems)),

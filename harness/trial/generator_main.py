@@ -32,6 +32,7 @@ from buffer.streams import (
     admission_limit,
     connect,
     fixed_policy_version,
+    synced_version,
     ticket_batch,
     ticket_draw,
 )
@@ -352,7 +353,12 @@ def _generate(
             continue
         _fault_crash_after_claim(claimed)
         batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
-        want = fixed_policy_version(batch_index, spec.lag) if spec.mode == "fixed" else published
+        sync_every = cfg.staleness.sync_every
+        want = (
+            fixed_policy_version(batch_index, spec.lag, sync_every)
+            if spec.mode == "fixed"
+            else synced_version(published, sync_every)
+        )
         if want != loaded.version:
             try:
                 location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)

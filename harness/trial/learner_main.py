@@ -186,6 +186,7 @@ def learner_task(
         steps=steps,
         sampling=cfg.generation.sampling(),  # the learner scores under the generators' sampling
         prompt_ids=trial_prompt_ids(cfg, spec.seed, model_dir),  # intake checks prompt tokens
+        sync_every=cfg.staleness.sync_every,
     )
 
 

@@ -94,6 +94,7 @@ class IntakeRules:
     limits: ModelLimits
     prompt_ids: Callable[[int], Sequence[int]] | None = None  # prompt index -> its tokens
     extra_rounds: int = 0  # dynamic sampling: the arm's dynamic_sampling_rounds
+    sync_every: int = 1  # staleness.sync_every: fixed mode's versions are its multiples
 
 
 def refusal(delivery: Delivery, rules: IntakeRules, learner_version: int) -> str | None:
@@ -144,11 +145,12 @@ def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: in
         )
     version = group.policy_version
     if rules.mode == "fixed":
-        want_version = fixed_policy_version(batch, rules.lag)
+        want_version = fixed_policy_version(batch, rules.lag, rules.sync_every)
         if version != want_version:
+            synced = f" syncing every {rules.sync_every} steps" if rules.sync_every > 1 else ""
             return (
-                f"policy_version {version}, but fixed mode at lag {rules.lag} generates batch "
-                f"{batch} with version {want_version}"
+                f"policy_version {version}, but fixed mode at lag {rules.lag}{synced} generates "
+                f"batch {batch} with version {want_version}"
             )
     elif version > learner_version:
         return (

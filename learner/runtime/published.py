@@ -87,7 +87,7 @@ class PublishedWeights:
 def versions_to_keep(cfg: LearnerConfig, lag: int) -> int:
     """Versions the weight store keeps. A resumed learner restarts at its checkpoint; generators
     may then need versions back to (checkpoint - lag), so keep every version since the last
-    checkpoint, plus the lag."""
+    checkpoint, plus the lag (the oldest a trained group may have: `LearnerTask.max_lag`)."""
     return max(cfg.keep_versions, lag + cfg.checkpoint_every + 2)
 
 

@@ -85,7 +85,7 @@ def start_or_resume(
     (rank 0 publishes v0 and logs step 0). Raises ResumeError (one line) before deleting
     anything when the checkpoint, its step files or the run's Redis do not add up."""
     modules = checkpoint_modules(models)  # unwrapped: checkpoints and weight store
-    keep = versions_to_keep(task.learner, task.lag)
+    keep = versions_to_keep(task.learner, task.max_lag)
     published = PublishedWeights(
         models,
         task.learner,

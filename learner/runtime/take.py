@@ -45,6 +45,7 @@ def intake_rules(task: LearnerTask, limits: ModelLimits) -> IntakeRules:
     return IntakeRules(
         mode=task.mode,
         lag=task.lag,
+        sync_every=task.sync_every,
         seed=task.seed,
         prompts_per_step=task.learner.prompts_per_step,
         group_size=task.group_size,
@@ -121,7 +122,7 @@ class BatchTaker:
         taken = self.buffer.take(
             self.rules.prompts_per_step,
             step,
-            task.lag,
+            task.max_lag,
             task.consumer,
             task.take_timeout_s,
             accept=check,

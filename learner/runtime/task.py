@@ -39,6 +39,14 @@ class LearnerTask:
     # Prompt index -> the prompt tokens its generator must have used; None: intake checks the
     # prompt index alone (learner.runtime.intake).
     prompt_ids: Callable[[int], Sequence[int]] | None = None
+    # staleness.sync_every: generators take new weights only every this many steps
+    # (buffer.tickets.synced_version), so groups may be up to sync_every - 1 versions staler.
+    sync_every: int = 1
+
+    @property
+    def max_lag(self) -> int:
+        """The oldest lag a trained group may have: `lag`, plus what the sync interval adds."""
+        return self.lag + self.sync_every - 1
 
     @property
     def total_steps(self) -> int:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.loading import KEY_COLUMNS, load_experiment, read_metrics, trials_dir
+from analysis.sections.trials import policy_line
 from contract import metrics as mn
 
 
@@ -153,3 +154,24 @@ def test_invalid_record_is_a_problem_naming_file_and_field(tmp_path: Path) -> No
     row = experiment.problems.set_index("trial_name").loc["no-mode"]
     assert row["status"] == "unreadable"
     assert str(bad / "trial.json") in row["problem"] and "mode: Field required" in row["problem"]
+
+
+def test_each_trial_states_its_staleness_policy(tmp_path: Path) -> None:
+    """Mode and lag from trial.json, the weight-sync interval from the resolved config (absent
+    or at its default 1: every step); the Trials section says which policies ran, counted."""
+    _trial(tmp_path, "a")
+    (_trial(tmp_path, "b", mode="bounded", lag=2) / "resolved_config.yaml").write_text(
+        "staleness:\n  mode: bounded\n  lags: [2]\n  sync_every: 3\n"
+    )
+    (_trial(tmp_path, "c", lag=1) / "resolved_config.yaml").write_text("staleness: {lags: [1]}\n")
+    trials = load_experiment(tmp_path).trials.set_index("trial_name")
+    assert trials["policy"].to_dict() == {
+        "a": "fixed lag 0",
+        "b": "bounded, max lag 2, weights synced every 3 steps",
+        "c": "fixed lag 1",
+    }
+    line = policy_line(trials.reset_index())
+    assert line == (
+        "Staleness policies: bounded, max lag 2, weights synced every 3 steps (1 trial); "
+        "fixed lag 0 (1 trial); fixed lag 1 (1 trial)."
+    )
