@@ -6,7 +6,9 @@
 #   3. benchmarks/generation_bench.py --device cuda: the harness's vLLM generator vs bare vLLM;
 #   4. benchmarks/learner_bench.py --device cuda --dtype bfloat16: tokens/s and MFU;
 #   with 2+ GPUs, also a 6-step FSDP trial (2 learner ranks, bf16 mixed precision) checked
-#   like the first (skipped, and said so in the JSON, on one GPU).
+#   like the first (skipped, and said so in the JSON, on one GPU);
+#   5. `harness plan` of the GSPO paper's setting (Qwen3-30B-A3B on 8 x 80 GB, issue 40),
+#      printed as a table to stderr, so the check's log records that estimate (no GPU needed).
 # Prints one JSON line (the last line) and exits 0 only if every part passed. It never falls back
 # to the CPU: without a visible GPU, or with a CPU build of torch, it stops at once, non-zero.
 # Budget: 8 minutes on one H200 after the packages are downloaded; each stage has its own limit.
@@ -63,6 +65,17 @@ stage "learner throughput (bf16 autocast)"
 timeout 180 .venv/bin/python benchmarks/learner_bench.py --device cuda --dtype bfloat16 \
   >"$work/learner.log" 2>&1 || { tail -n 40 "$work/learner.log" >&2; fail "learner_bench failed"; }
 tail -n 1 "$work/learner.log" >"$work/learner.json"
+
+# The learner's memory per GPU for the GSPO paper's setting, Qwen3-30B-A3B on 8 x 80 GB with
+# bf16 FSDP, activation checkpointing, chunked log-probs and micro-batches, without CPU offload
+# (the evals run on the generators). A pure estimate from the model's config.json: no GPU, no
+# weights; it exits 0 whether or not the step fits, and the verdict is in the table's log.
+stage "memory plan: Qwen3-30B-A3B, 8 x 80 GB (harness plan, no GPU needed)"
+timeout 60 .venv/bin/harness plan configs/gspo_vs_grpo_gpu.yaml \
+  --model-config configs/model_configs/qwen3-30b-a3b.json --gpus 8 --gpu-memory 80GB \
+  learner.parallel=fsdp learner.dtype=bfloat16 learner.activation_checkpointing=true \
+  learner.logprob_chunk_tokens=1024 learner.micro_batch_tokens=8192 >&2 \
+  || fail "harness plan of Qwen3-30B-A3B failed"
 
 elapsed=$(( $(date +%s) - started ))
 .venv/bin/python - "$work" "$elapsed" <<'PY'

@@ -75,12 +75,22 @@ def update_activations(shape: ModelShape, setup: LearnerSetup) -> float:
     return tokens * per_token + attention_mask_bytes(rows, width, b, masks)
 
 
-def scoring_block_bytes(shape: ModelShape, b: int, sparse: bool) -> int:
+ROUTER_HOOK_COPY_BYTES = 3 * F32
+"""float32 bytes per token and expert that the routing capture's hook makes while it reduces a
+router's logits to the token's entropy (`learner.runtime.moe.router_entropy`): the log-softmax,
+its `exp` and their product at once (a bf16 router's float32 cast is freed before the `exp`).
+The hook runs once the router has returned, so they stand in for the router's own float32
+softmax, which is freed by then."""
+
+
+def scoring_block_bytes(shape: ModelShape, b: int, sparse: bool, *, captured: bool = False) -> int:
     """Bytes per token alive inside one block of a forward without gradient: the residual in
     and out, the RMSNorm's float32 temporaries and output, then the larger of attention
     (q, repeated k and v, output and its contiguous copy) and the MLP (SiLU, up, product at
     once; a sparse layer: the shared expert, the router's logits and softmax, and the
-    one-hot expert mask [tokens, k, experts + 1] of int64 the expert loop builds)."""
+    one-hot expert mask [tokens, k, experts + 1] of int64 the expert loop builds). A forward
+    whose routing is `captured` has the hook's float32 copies of the router's logits in place
+    of the softmax (`ROUTER_HOOK_COPY_BYTES`)."""
     residual = 2 * b * shape.hidden + 2 * F32 * shape.hidden + b * shape.hidden
     attention = 5 * b * shape.heads * shape.head_dim
     if not sparse:
@@ -88,18 +98,27 @@ def scoring_block_bytes(shape: ModelShape, b: int, sparse: bool) -> int:
     moe = shape.moe
     assert moe is not None
     dispatch = INDEX_BYTES * moe.active * (moe.experts + 1)
-    mlp = 3 * b * moe.shared_intermediate + (b + F32) * moe.experts + dispatch
+    router = (b + (ROUTER_HOOK_COPY_BYTES if captured else F32)) * moe.experts
+    mlp = 3 * b * moe.shared_intermediate + router + dispatch
     return residual + max(attention, mlp)
 
 
 def scoring_activations(
-    shape: ModelShape, setup: LearnerSetup, rows: int, *, hidden_copy: bool
+    shape: ModelShape,
+    setup: LearnerSetup,
+    rows: int,
+    *,
+    hidden_copy: bool,
+    captured: bool = False,
 ) -> float:
-    """A no-grad forward of `rows` rows: one block's working set, the final hidden states (and,
-    with `hidden_copy`, their copy at the scored positions that chunked log-probs make), the
-    mask and one SDPA copy."""
+    """A no-grad forward of `rows` rows: one block's working set (with the routing hook's
+    copies when `captured`), the final hidden states (and, with `hidden_copy`, their copy at
+    the scored positions that chunked log-probs make), the mask and one SDPA copy."""
     b, width = setup.compute_bytes, setup.seq_len
-    block = max(scoring_block_bytes(shape, b, sparse) for sparse, _ in shape.block_kinds())
+    block = max(
+        scoring_block_bytes(shape, b, sparse, captured=captured)
+        for sparse, _ in shape.block_kinds()
+    )
     hidden = b * shape.hidden * (2 if hidden_copy else 1)
     per_token = block + hidden + 2 * F32 * shape.head_dim
     return rows * width * per_token + attention_mask_bytes(rows, width, b, 1)

@@ -3,23 +3,27 @@
 A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate is the larger:
 
 - **scoring**: the forwards without a gradient, on every rank over the *whole step batch*
-  (each rank scores every row). pi_old, the reference and the critic's old values run in
-  micro-batches of `learner.micro_batch_tokens` (`step._no_grad_pass`; the whole batch in one
-  forward when it is unset), their logits bounded by `learner.logprob_chunk_tokens`. A Qwen MoE
-  policy (`ROUTED_MODEL_TYPES`) has two more, each one forward of the whole batch whatever the
-  budget: pi_old itself, whose routing capture is of one forward, and the routing forward of
-  the `moe/*` metrics after the updates (`learner.runtime.moe.StepRouting._own_routing`),
-  which asks for `logits_to_keep=1` (`MOE_METRICS_LOGITS_TO_KEEP`): one position's logits a
-  row, no [tokens, vocabulary] logits, but the batch's router logits recorded while pi_old's
-  record is kept. The scoring column is the largest of these passes (`scoring_passes`).
+  (each rank scores every row), in micro-batches of `learner.micro_batch_tokens`
+  (`step._score`'s `every_row` parts; the whole batch in one forward when it is unset), their
+  logits bounded by `learner.logprob_chunk_tokens`: pi_old, the reference and the critic's old
+  values. A Qwen MoE policy (`ROUTED_MODEL_TYPES`) captures its routing around each of pi_old's
+  parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
+  routing forward of the `moe/*` metrics in the same parts (`StepRouting._own_routing`, with
+  `logits_to_keep=1`, `MOE_METRICS_LOGITS_TO_KEEP`: one position's logits a row, no
+  [tokens, vocabulary] logits). So a routing pass holds one micro-batch's activations, as a
+  dense pass does, beside the batch's routing records (`routing_record`: each token's experts
+  and router entropy, every sparse layer; never the router logits, which the capture's hook
+  reduces at once). The scoring column is the largest of these passes (`scoring_passes`).
 - **update**: one micro-batch's forward and backward (the whole rank share of a minibatch when
-  `learner.micro_batch_tokens` is unset), with the activations autograd saves for backward.
+  `learner.micro_batch_tokens` is unset), with the activations autograd saves for backward,
+  and an MoE policy's pi_old routing record, kept for replay and the metrics.
 
 Both sit on the state that persists through the step: parameters, gradients (zeroed to None
-only when the next update starts, `learner.runtime.update.accumulate`) and AdamW's moments, and
-under FSDP, while the evals run (every `learner.eval_every` steps), rank 0's plain copy of the
-policy in the published dtype (`eval_copy`, the `evals` pass of the scoring column; between
-evals it waits in host memory). The estimate is of rank 0, the fullest.
+only when the next update starts, `learner.runtime.update.accumulate`) and AdamW's moments.
+Nothing else of the policy is ever whole on a learner GPU: the evals run on the generators
+(`buffer.eval_requests`), and the published versions are gathered into host memory one tensor
+at a time (`learner.runtime.sharding.gather_full_weights`). The estimate is of rank 0, which
+holds what every rank holds.
 
 Byte counts, per parameter: DDP holds everything in float32 on every rank (16 bytes a trained
 parameter: weight, gradient, two moments; plus DDP's flat gradient buckets, another 4, when
@@ -58,7 +62,10 @@ TRUNCATED_LOGIT_COPY_BYTES = 24
 (int64, 8), softmax (4) and cumulative sum (4) at once."""
 ROUTED_MODEL_TYPES = frozenset({"qwen2_moe", "qwen3_moe"})
 """Model types whose routers `learner.runtime.moe.ROUTER_TYPES` hooks: for them every step
-records the batch's router logits and runs the `moe/*` routing forward."""
+records the batch's routing and runs the `moe/*` routing forward."""
+ROUTER_ENTROPY_BYTES = F32
+"""What a routing capture keeps of a token's router logits in a sparse layer: their entropy in
+float32 (`learner.runtime.moe.RoutingRecorder.record`), beside the top-k experts (int64)."""
 MOE_METRICS_LOGITS_TO_KEEP = 1
 """Positions a row that the `moe/*` routing forward projects to logits
 (`StepRouting._own_routing` calls the model with `logits_to_keep=1`): it needs the routers
@@ -73,10 +80,9 @@ class Phase:
     gradients: float = 0.0
     optimizer: float = 0.0
     gathered: float = 0.0  # FSDP units gathered for compute (and their unsharded gradients)
-    eval_copy: float = 0.0  # FSDP, rank 0, during evals: the unsharded policy, published dtype
     activations: float = 0.0  # saved for backward (update) or one block's working set (scoring)
     logits: float = 0.0  # model logits and their float32 log-prob copies
-    routing: float = 0.0  # MoE router logits and experts recorded for the batch
+    routing: float = 0.0  # MoE experts and router entropies recorded (batch and micro-batch)
 
     @property
     def total(self) -> float:
@@ -143,14 +149,6 @@ def gathered_units(shape: ModelShape, setup: LearnerSetup, *, backward: bool) ->
     return gathered + ((b + F32) * max(root, block) if backward else 0.0)
 
 
-def eval_copy(shape: ModelShape, setup: LearnerSetup) -> float:
-    """FSDP: rank 0 evaluates on a plain copy of the policy in the published (compute) dtype,
-    on the learner device only while the evals run and in host memory between them
-    (`learner.runtime.published.PublishedWeights.eval_model`). Generation's own memory during
-    the evals is not counted."""
-    return setup.compute_bytes * shape.parameters() if setup.parallel == "fsdp" else 0.0
-
-
 # --- logits and routing record ---------------------------------------------------------
 
 
@@ -167,15 +165,32 @@ def routes_recorded(shape: ModelShape) -> bool:
     return shape.moe is not None and shape.model_type in ROUTED_MODEL_TYPES
 
 
-def routing_record(shape: ModelShape, setup: LearnerSetup) -> float:
-    """One record of the batch's routing (`learner.runtime.moe.RoutingRecorder`): float32 router
-    logits and int64 experts, every sparse layer, every token of the step batch."""
+def routing_bytes(shape: ModelShape, tokens: int) -> float:
+    """The routing of `tokens` tokens as a capture keeps it (`learner.runtime.moe.Routing`):
+    int64 top-k experts and a float32 router entropy, every sparse layer. The router logits
+    (4 x experts bytes a token a layer) are reduced in the hook and never kept."""
     if not routes_recorded(shape):
         return 0.0
     moe = shape.moe
     assert moe is not None
-    per_token = moe.sparse_layers * (F32 * moe.experts + INDEX_BYTES * moe.active)
-    return setup.step_rows * setup.seq_len * per_token
+    return tokens * moe.sparse_layers * (INDEX_BYTES * moe.active + ROUTER_ENTROPY_BYTES)
+
+
+def routing_record(shape: ModelShape, setup: LearnerSetup) -> float:
+    """One record of the step batch's routing, every token of every row: pi_old's (`old`, kept
+    from the start of the step to the `moe/*` metrics) or the routing forward's (`new`)."""
+    return routing_bytes(shape, setup.step_rows * setup.seq_len)
+
+
+def selected_experts(shape: ModelShape, setup: LearnerSetup) -> float:
+    """`moe.load_imbalance_per_layer`'s copy of pi_old's experts at the positions that score a
+    response token (`indices[:, mask]`, on the device until it is counted on the host), at
+    most every token's: the planner does not know the response share of a row."""
+    if not routes_recorded(shape):
+        return 0.0
+    moe = shape.moe
+    assert moe is not None
+    return setup.step_rows * setup.seq_len * moe.sparse_layers * INDEX_BYTES * moe.active
 
 
 # --- the estimate ----------------------------------------------------------------------
@@ -184,48 +199,71 @@ def routing_record(shape: ModelShape, setup: LearnerSetup) -> float:
 def scoring_passes(
     shape: ModelShape, setup: LearnerSetup, state: Phase
 ) -> dict[ScoringPass, Phase]:
-    """Each pass without gradient that the step runs, at its peak, on `state`:
+    """Each pass without gradient that the step runs, at its peak, on `state`. Every one runs
+    in micro-batches of `setup.scoring_rows` rows (the whole batch without a budget):
 
-    - `micro`: pi_old (dense policy), the reference and the critic's old values, one
-      micro-batch of `setup.scoring_rows` rows at a time; a Qwen MoE policy runs it only for a
-      reference or a critic, with pi_old's routing record kept (a critic has no logits);
-    - `moe_pi_old` (Qwen MoE): pi_old on the whole batch, filling the routing record;
-    - `moe_routing` (Qwen MoE): the `moe/*` routing forward on the whole batch, logits of
-      `MOE_METRICS_LOGITS_TO_KEEP` position a row, filling a second record beside pi_old's;
-      once it returns, `RoutingRecorder.routing` stacks the per-layer tensors into a third
-      while the forward's activations are gone, whichever of the two moments is larger.
+    - `micro`: pi_old (dense policy), the reference and the critic's old values; a Qwen MoE
+      policy runs it only for a reference or a critic, with pi_old's routing record kept (a
+      critic has no logits);
+    - `moe_pi_old` (Qwen MoE): pi_old with its routing captured part by part;
+    - `moe_routing` (Qwen MoE): the `moe/*` routing forward after the updates, logits of
+      `MOE_METRICS_LOGITS_TO_KEEP` position a row, beside pi_old's record.
+
+    The routing of a part (`_routing_moments`) is kept layer by layer during its forward and
+    stacked once it returns, while the forward's activations are gone. With a budget each
+    stacked part is written into the batch's record (`moe.blank_routing` and `moe.place`), made
+    after the first part; without one, the one part's stacked capture is the record, so it is
+    briefly there twice. Each MoE pass is the larger of its moments.
     """
     base = replace(state, gathered=gathered_units(shape, setup, backward=False))
     chunked = setup.logprob_chunk_tokens is not None
+    rows = setup.scoring_rows
+    tokens = rows * setup.seq_len
     record = routing_record(shape, setup)
-    whole = setup.step_rows
     routed = routes_recorded(shape)
     passes: dict[ScoringPass, Phase] = {}
     if not routed or setup.reference or setup.critic:
-        rows = setup.scoring_rows
         scores = not routed or setup.reference  # a policy's log-probs, not only values
         passes["micro"] = replace(
             base,
             activations=scoring_activations(shape, setup, rows, hidden_copy=chunked),
-            logits=logit_bytes(shape, setup, rows * setup.seq_len, chunked=True) if scores else 0,
+            logits=logit_bytes(shape, setup, tokens, chunked=True) if scores else 0,
             routing=record,
         )
     if routed:
-        passes["moe_pi_old"] = replace(
+        forward, stacked = _routing_moments(shape, setup)
+        pi_old = replace(
             base,
-            activations=scoring_activations(shape, setup, whole, hidden_copy=chunked),
-            logits=logit_bytes(shape, setup, whole * setup.seq_len, chunked=True),
-            routing=record,
+            activations=scoring_activations(shape, setup, rows, hidden_copy=chunked, captured=True),
+            logits=logit_bytes(shape, setup, tokens, chunked=True),
+            routing=forward,
         )
-        forward = replace(
+        passes["moe_pi_old"] = _largest(pi_old, replace(base, routing=stacked))
+        routing = replace(
             base,
-            activations=scoring_activations(shape, setup, whole, hidden_copy=False),
-            logits=whole * MOE_METRICS_LOGITS_TO_KEEP * shape.vocab * setup.compute_bytes,
-            routing=2 * record,
+            activations=scoring_activations(shape, setup, rows, hidden_copy=False, captured=True),
+            logits=rows * MOE_METRICS_LOGITS_TO_KEEP * shape.vocab * setup.compute_bytes,
+            routing=record + forward,
         )
-        stacked = replace(base, routing=3 * record)
-        passes["moe_routing"] = max(forward, stacked, key=lambda phase: phase.total)
+        # `moe.routing_metrics` on both records: load imbalance copies pi_old's chosen experts.
+        metrics = replace(base, routing=2 * record + selected_experts(shape, setup))
+        passes["moe_routing"] = _largest(routing, replace(base, routing=record + stacked), metrics)
     return passes
+
+
+def _routing_moments(shape: ModelShape, setup: LearnerSetup) -> tuple[float, float]:
+    """Routing bytes of one capture pass (`moe._PartCaptures`): (during a part's forward, when
+    it is stacked). During a forward the recorder holds the part's layers so far (at most all
+    of them) and, with a budget, the batch's record the earlier parts were placed into; once
+    the forward returns, `RoutingRecorder.routing` stacks the layers into a second copy of the
+    part, placed into the batch's record (with a budget) or kept as the record (without)."""
+    capture = routing_bytes(shape, setup.scoring_rows * setup.seq_len)
+    placed = routing_record(shape, setup) if setup.micro_batch_tokens is not None else 0.0
+    return placed + capture, placed + 2 * capture
+
+
+def _largest(*phases: Phase) -> Phase:
+    return max(phases, key=lambda phase: phase.total)  # the first of equals
 
 
 def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
@@ -240,7 +278,5 @@ def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         routing=routing_record(shape, setup),  # pi_old's routing, kept through the updates
     )
     passes = scoring_passes(shape, setup, state)
-    if setup.parallel == "fsdp":  # rank 0 during the evals
-        passes["evals"] = replace(state, eval_copy=eval_copy(shape, setup))
     name = max(passes, key=lambda key: passes[key].total)  # the first of equals
     return MemoryEstimate(update=update, scoring=passes[name], host=host, scoring_pass=name)

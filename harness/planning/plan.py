@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from harness.overrides import ConfigError
 from harness.planning.architecture import KNOWN_TYPES, ModelShape, load_shape, shape_from_hf_config
-from harness.planning.memory import MemoryEstimate, estimate, eval_copy, routes_recorded
+from harness.planning.memory import MemoryEstimate, estimate, routes_recorded, routing_record
 from harness.planning.setup import LearnerSetup
 
 if TYPE_CHECKING:
@@ -235,16 +235,12 @@ def _notes(
             "parameter count may differ"
         )
     if routes_recorded(shape):
+        record = routing_record(shape, setup) / 2**30
         notes.append(
-            "MoE: pi_old's forward (routing capture) and the moe/* routing forward run on the "
-            "whole step batch whatever learner.micro_batch_tokens, and every step keeps the "
-            "batch's router logits (float32, every sparse layer and expert)"
-        )
-    if setup.parallel == "fsdp":
-        copy = eval_copy(shape, setup) / 2**30
-        notes.append(
-            f"eval copy (rank 0): the evals run on a copy of the whole policy in the published "
-            f"dtype, {copy:.2f} GiB, on rank 0's GPU only while they run (host memory between)"
+            f"MoE: pi_old's forward (routing capture) and the moe/* routing forward run in the "
+            f"no-grad micro-batches; every step keeps the batch's routing, {record:.2f} GiB a "
+            f"record (int64 experts and a float32 router entropy a token and sparse layer, no "
+            f"router logits), pi_old's through the updates and a second during the moe/* pass"
         )
     gen = cfg.generation
     if gen.backend == "vllm" and gen.device == "cuda":

@@ -14,23 +14,24 @@ LABELS = {
     "gradients": "gradients (float32)",
     "optimizer": "AdamW moments (float32)",
     "gathered": "FSDP gathered units",
-    "eval_copy": "eval copy (rank 0)",
     "activations": "activations",
     "logits": "logits + log-prob copies",
     "routing": "MoE routing record",
 }
-OPTIONAL_ROWS = ("gathered", "eval_copy", "routing")  # shown when not 0
+OPTIONAL_ROWS = ("gathered", "routing")  # shown when not 0
 SCORING_PASSES = {  # MemoryEstimate.scoring_pass: (table column, the verdict's words)
     "micro": (
         "scoring",
         "the scoring forwards (pi_old, reference, old values: no grad, every row on every rank)",
     ),
-    "moe_pi_old": ("scoring: MoE pi_old", "MoE pi_old's forward (no grad, whole step batch)"),
+    "moe_pi_old": (
+        "scoring: MoE pi_old",
+        "MoE pi_old's forward (no grad, every row on every rank, routing captured)",
+    ),
     "moe_routing": (
         "scoring: MoE routing",
-        "the moe/* routing forward (no grad, whole step batch, no logits)",
+        "the moe/* routing forward (no grad, every row on every rank, no logits)",
     ),
-    "evals": ("scoring: evals", "the evals (rank 0 holds its copy of the policy)"),
 }
 UPDATE_PHASE = "the update (micro-batch forward + backward)"
 
@@ -81,12 +82,12 @@ def describe(plan: Plan, gpu_memory_text: str) -> list[str]:
         f"cpu offload {'on' if setup.cpu_offload else 'off'}"
     )
     chunk = setup.logprob_chunk_tokens
-    whole = " (MoE pi_old and moe/* routing: the whole batch)" if routes_recorded(shape) else ""
+    moe = " (MoE pi_old and moe/* routing too)" if routes_recorded(shape) else ""
     batch = (
         f"batch: {setup.step_rows} rows ({setup.groups} prompts x {setup.group_size}) of up to "
         f"{setup.seq_len} tokens in {setup.minibatches} minibatch(es); each rank's update "
         f"micro-batch {setup.micro_rows} rows ({setup.micro_rows * setup.seq_len:,} tokens), "
-        f"no-grad micro-batch {setup.scoring_rows} rows of all {setup.step_rows}{whole}; "
+        f"no-grad micro-batch {setup.scoring_rows} rows of all {setup.step_rows}{moe}; "
         + (f"log-probs in chunks of {chunk} positions" if chunk else "log-probs unchunked")
     )
     extras = [name for name, on in (("critic", setup.critic), ("reference", setup.reference)) if on]
@@ -167,15 +168,9 @@ def _beyond_options(estimate: MemoryEstimate) -> str:
     )
     if component in ("parameters", "gradients", "optimizer"):
         return f"{left}; add GPUs (--gpus) under learner.parallel=fsdp"
-    if component == "eval_copy":
+    if component == "routing":
         return (
-            f"{left}; during the evals rank 0 holds a copy of the whole policy in the published "
-            "dtype (learner.runtime.published), which more GPUs do not shrink (bf16 halves it)"
-        )
-    moe_pass = estimate.scoring_pass in ("moe_pi_old", "moe_routing")
-    if component == "routing" or (phase == "scoring" and moe_pass):
-        return (
-            f"{left}; MoE's pi_old and moe/* routing forwards, and the router logits kept, are "
-            f"of the whole step batch on every rank: {whole_batch}"
+            f"{left}; MoE's routing records (experts and router entropy of every token and "
+            f"sparse layer) are of the whole step batch on every rank: {whole_batch}"
         )
     return f"{left}; lower generation.max_new_tokens (one row per micro-batch is the least)"

@@ -38,7 +38,7 @@ from learner.config import ArmBase, GroupArm, LearnerConfig, group_split_problem
 from learner.runtime.distributed import SINGLE, DistContext, all_reduce_stats, unwrap
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.minibatch import MinibatchUpdates, RowTensors, StepModels
-from learner.runtime.moe import StepRouting
+from learner.runtime.moe import PartContext, StepRouting, no_part_context
 from learner.runtime.update import (
     DivergenceError,
     MicroBatch,
@@ -149,13 +149,19 @@ def _no_grad_pass(
     ids: Tensor,
     attn: Tensor,
     parts: list[MicroBatch],
+    around: PartContext = no_part_context,
 ) -> tuple[Tensor, ...]:
     """`score(ids, attn)`'s per-token outputs [B, L] over the step batch, computed part by part
     (`learner.micro_batch_tokens`) and put back in place (float32); one call on the batch itself
-    when there is one part at the batch's width (no budget), exactly as without micro-batches."""
+    when there is one part at the batch's width (no budget), exactly as without micro-batches.
+    Each part's call runs inside `around(part)` (MoE: pi_old's routing capture or replay)."""
     if len(parts) == 1 and parts[0].width is None:
-        return score(ids, attn)
-    outputs = [score(take(ids, part), take(attn, part)) for part in parts]
+        with around(parts[0]):
+            return score(ids, attn)
+    outputs = []
+    for part in parts:
+        with around(part):
+            outputs.append(score(take(ids, part), take(attn, part)))
     return tuple(
         assemble([output[k].float() for output in outputs], parts, *attn.shape)
         for k in range(len(outputs[0]))
@@ -181,18 +187,24 @@ def _score(
     sampling: SamplingSettings,
 ) -> _Scores:
     """The passes without a gradient run in micro-batches of the same budget (every rank the
-    same ones); MoE's pi_old pass stays whole: its routing capture is of one whole forward."""
+    same ones). An MoE policy's pi_old pass too: `routing.capture_old` captures (or, under
+    `routing_replay: rollout`, replays) each part's routing around its forward and puts the
+    parts back in the batch's rows, and the `moe/*` routing pass after the updates reuses these
+    parts (`StepRouting.metrics`), so neither holds more than one micro-batch's activations."""
     policy, chunk = unwrap(models.policy.module), learner.logprob_chunk_tokens
     critic = unwrap(models.value.module) if models.value else None
     ids, attn = batch.input_ids, batch.attention_mask
     lengths = attn.sum(-1).cpu()  # (B,) real tokens per row, for the micro-batch plans
     rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
     every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
-    whole = micro_batches(rows, 0, lengths, None) if routing.active else every_row
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
-        with routing.capture_old():
+        with routing.capture_old(every_row) as around:
             learner_lp, entropy = _no_grad_pass(  # (B, T) each
-                lambda i, a: policy_logprobs(policy, i, a, sampling, chunk), ids, attn, whole
+                lambda i, a: policy_logprobs(policy, i, a, sampling, chunk),
+                ids,
+                attn,
+                every_row,
+                around,
             )
         ref_lp = old_values = None
         if (reference := models.reference) is not None:

@@ -34,6 +34,7 @@ from learner.runtime.moe import (
     routing_metrics,
 )
 from learner.runtime.step import train_on_batch
+from learner.runtime.update import MicroBatch, micro_batches
 from tests.learner.test_step import GROUP_SIZE
 from tests.learner.tiny import VOCAB, random_groups, tiny_policy
 from tests.tiny_models import MOE_POLICY, tiny_config, tiny_model
@@ -55,6 +56,12 @@ def moe_batch(model: torch.nn.Module, n_groups: int = 4) -> RolloutBatch:
         return lp[0, len(prompt) :].tolist()
 
     return collate(random_groups(n_groups, GROUP_SIZE, seed=1, with_logprobs=logprobs), pad_id=0)
+
+
+def whole_batch(batch: RolloutBatch) -> list[MicroBatch]:
+    """The step batch as one part at its own width (no `learner.micro_batch_tokens`)."""
+    rows = torch.arange(batch.batch_size)[None, :]  # (1, B)
+    return micro_batches(rows, 0, batch.attention_mask.sum(-1), None)
 
 
 def forward_logits(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
@@ -92,7 +99,8 @@ def test_sparse_block_replaying_its_own_choice_is_bitwise_unchanged() -> None:
     with capture_routing(block) as recorder:
         block(hidden)
     routing = recorder.routing(3, 5)
-    assert routing.indices.shape == (1, 3, 5, TOP_K) and routing.logits.shape == (1, 3, 5, EXPERTS)
+    assert routing.indices.shape == (1, 3, 5, TOP_K) and routing.entropy.shape == (1, 3, 5)
+    assert routing.num_experts == EXPERTS
     with replay_routing(block, routing):
         replayed = block(hidden)
     assert torch.equal(replayed, plain)
@@ -106,7 +114,10 @@ def test_replay_really_routes_through_the_given_experts() -> None:
     # Every token of every layer forced onto experts {0, 1} (rarely the router's own choice).
     forced = torch.zeros_like(routing.indices)
     forced[..., 1] = 1
-    with replay_routing(model, Routing(routing.logits, forced)), capture_routing(model) as seen:
+    with (
+        replay_routing(model, Routing(forced, routing.entropy, EXPERTS)),
+        capture_routing(model) as seen,
+    ):
         replayed_logits = forward_logits(model, batch)
     assert torch.equal(seen.routing(*batch.input_ids.shape).indices, forced)
     assert not torch.equal(replayed_logits, logits)
@@ -223,7 +234,8 @@ def test_replay_reproduces_pi_old_and_departs_from_plain_forward_after_update() 
     batch = moe_batch(model)
     ids, attn = batch.input_ids, batch.attention_mask
     routing = StepRouting(model, "old", ids, attn)
-    with torch.no_grad(), routing.capture_old():
+    parts = whole_batch(batch)
+    with torch.no_grad(), routing.capture_old(parts) as around, around(parts[0]):
         old_lp, _ = policy_logprobs(model, ids, attn)
     all_rows = torch.arange(ids.shape[0])
     with torch.no_grad(), routing.replay(all_rows):

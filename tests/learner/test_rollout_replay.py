@@ -42,6 +42,7 @@ from learner.runtime.moe import (
 )
 from learner.runtime.step import train_on_batch
 from tests.harness.test_generators_torch import TOL, load_reference, requests_for
+from tests.learner.test_moe import whole_batch
 from tests.tiny_models import CHAR_DENSE, CHAR_MOE, save_tiny_model_dir
 
 LAYERS, TOP_K = CHAR_MOE.layers, CHAR_MOE.experts_per_token
@@ -144,8 +145,9 @@ def test_r3_reproduces_the_behaviour_logprobs(model_dir: Path, batch: RolloutBat
     model = load_reference(model_dir)
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
     routing = StepRouting(model, "rollout", ids, attn, batch.routed_experts)
+    parts = whole_batch(batch)
     with scoring(model):
-        with routing.capture_old():
+        with routing.capture_old(parts) as around, around(parts[0]):
             r3_lp, _ = policy_logprobs(model, ids, attn)  # pi_old on the sampler's experts
         own_lp, _ = policy_logprobs(model, ids, attn)
     response = mask.bool()
@@ -191,7 +193,8 @@ def test_replay_matters_when_the_router_has_moved(model_dir: Path, batch: Rollou
     assert not torch.equal(replayed_lp[response], plain_lp[response])
     # StepRouting measures the mismatch on the scored positions from an unreplayed forward.
     routing = StepRouting(model, "rollout", ids, attn, batch.routed_experts)
-    with scoring(model), routing.capture_old():
+    parts = whole_batch(batch)
+    with scoring(model), routing.capture_old(parts) as around, around(parts[0]):
         step_lp, _ = policy_logprobs(model, ids, attn)
     assert torch.equal(step_lp, replayed_lp)
     scored = predicting_positions(mask)

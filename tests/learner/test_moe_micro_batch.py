@@ -1,0 +1,201 @@
+"""An MoE policy's routing passes in micro-batches (`learner.micro_batch_tokens`).
+
+pi_old's pass (`step._score`, its routing captured or, under `routing_replay: rollout`, replayed
+per part by `StepRouting.capture_old`) and the `moe/*` routing pass after the updates run in the
+step's micro-batches. Pinned here, on the tiny Qwen3-MoE of test_moe.py:
+
+- the router entropy streamed from the hook gives today's logits-based `moe/router_entropy`
+  bit for bit (the capture keeps no router logits);
+- the routing captured part by part is the whole batch's *exactly* at every real position, and
+  pi_old's log-probs and entropies are the whole batch's up to float rounding;
+- two steps with a budget train the weights, gradient norms and metrics (every `moe/*` one
+  included) of the same steps without it, up to float rounding (the tolerances of
+  test_step_micro_batch.py), for GSPO, GRPO and GRPO with either routing replay.
+
+Without a budget the step is unchanged bit for bit (one part at the batch's width: the capture is
+the whole forward's, as before); the learner-step tests of test_moe.py run that path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from buffer.collate import RolloutBatch
+from contract import metrics as M
+from learner.algorithms.sampling_dist import PLAIN
+from learner.config import LearnerConfig, make_arm
+from learner.runtime.models import build_step_models
+from learner.runtime.moe import (
+    StepRouting,
+    capture_routing,
+    masked_mean_per_layer,
+    predicting_positions,
+    router_entropy,
+    router_entropy_per_layer,
+    router_modules,
+    routing_metrics,
+)
+from learner.runtime.step import _score, train_on_batch
+from learner.runtime.update import micro_batches
+from tests.learner.test_moe import GROUP_SIZE, moe_batch, tiny_moe
+
+# moe_batch: 16 rows of 3-9 real tokens; 8 padded tokens per part puts 1-2 rows in each.
+BUDGET = 8
+LR = 5e-4  # as test_step_micro_batch.py: 8 AdamW updates move weights by up to 4e-3
+ARMS = {
+    "gspo": {"objective": "gspo"},
+    "grpo": {"objective": "grpo"},
+    "grpo_replay_old": {"objective": "grpo", "routing_replay": "old"},
+    "grpo_replay_rollout": {"objective": "grpo", "routing_replay": "rollout"},
+}
+
+
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("moe_micro")
+    tiny_moe().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def batch() -> RolloutBatch:
+    """The tiny MoE's on-policy batch, carrying as `routed_experts` another model's routing of it
+    (same shape, valid experts, different choices: so a replay of the wrong rows or positions
+    would show in the log-probs)."""
+    batch = moe_batch(tiny_moe())
+    with torch.no_grad(), capture_routing(other := tiny_moe(seed=1)) as recorder:
+        other(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return dataclasses.replace(batch, routed_experts=recorder.indices(*batch.input_ids.shape))
+
+
+def step_parts(batch: RolloutBatch, budget: int | None) -> list:
+    """The micro-batches of the step's no-grad passes (`step._score`'s `every_row`)."""
+    rows = torch.arange(batch.batch_size)[None, :]  # (1, B)
+    return micro_batches(rows, 0, batch.attention_mask.sum(-1), budget)
+
+
+def test_the_budget_splits_the_batch_into_several_parts(batch: RolloutBatch) -> None:
+    parts = step_parts(batch, BUDGET)
+    assert len(parts) >= 3
+    widths = [part.width for part in parts]  # some narrower than the batch: padding left out
+    assert None not in widths and min(widths) < batch.input_ids.shape[1], widths
+
+
+def test_streamed_router_entropy_is_todays_logits_based_metric_bit_for_bit(
+    batch: RolloutBatch,
+) -> None:
+    """Today's `moe/router_entropy` kept each router's float32 logits and reduced them after the
+    forward; the capture now reduces them in the hook. Same capture, same numbers, bitwise."""
+    model = tiny_moe()
+    logits: list[torch.Tensor] = []  # each router's (N, E) logits, as the old recorder kept them
+    handles = [
+        router.register_forward_hook(lambda _m, _a, out: logits.append(out[0].detach().float()))
+        for router in router_modules(model)
+    ]
+    try:
+        with torch.no_grad(), capture_routing(model) as recorder:
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    finally:
+        for handle in handles:
+            handle.remove()
+    routing = recorder.routing(*batch.input_ids.shape)
+    kept = torch.stack([t.reshape(*batch.input_ids.shape, -1) for t in logits])  # (layers,B,L,E)
+    assert torch.equal(routing.entropy, router_entropy(kept))
+    mask = predicting_positions(batch.response_mask).float()
+    old = router_entropy_per_layer(kept, mask)  # today's metric, from the logits
+    assert torch.equal(masked_mean_per_layer(routing.entropy, mask), old)
+    metrics = routing_metrics(routing, routing, mask)
+    assert metrics[M.MOE_ROUTER_ENTROPY] == float(old.mean())
+
+
+def old_pass(
+    moe_dir: Path, batch: RolloutBatch, arm_name: str, budget: int | None
+) -> tuple[StepRouting, torch.Tensor, torch.Tensor, dict[str, float], list[int]]:
+    """(routing, pi_old log-probs, entropies, moe/* metrics, tokens of each forward of the first
+    router) of one step's no-grad passes."""
+    arm = make_arm(name=arm_name, **ARMS[arm_name])
+    cfg = LearnerConfig(prompts_per_step=4, old_logprobs="recompute", micro_batch_tokens=budget)
+    models = build_step_models(moe_dir, arm, cfg, total_steps=1)
+    ids, attn = batch.input_ids, batch.attention_mask
+    routing = StepRouting(models.policy.module, arm.routing_replay, ids, attn, batch.routed_experts)
+    tokens: list[int] = []
+    router = router_modules(models.policy.module)[0]
+    handle = router.register_forward_hook(lambda _m, _a, out: tokens.append(out[0].shape[0]))
+    try:
+        scores = _score(models, batch, routing, cfg, PLAIN)
+        metrics = routing.metrics(batch.response_mask)
+    finally:
+        handle.remove()
+    return routing, scores.learner_lp, scores.entropy, metrics, tokens
+
+
+@pytest.mark.parametrize("arm_name", list(ARMS))
+def test_routing_captured_per_part_is_the_whole_batchs(
+    moe_dir: Path, batch: RolloutBatch, arm_name: str
+) -> None:
+    whole, whole_lp, whole_entropy, whole_metrics, _ = old_pass(moe_dir, batch, arm_name, None)
+    split, split_lp, split_entropy, split_metrics, tokens = old_pass(
+        moe_dir, batch, arm_name, BUDGET
+    )
+    # Every forward is one part's: pi_old, (rollout: the own-routing pass,) the metrics pass.
+    parts = step_parts(batch, BUDGET)
+    passes = 3 if arm_name == "grpo_replay_rollout" else 2
+    assert tokens == [part.rows.numel() * part.width for part in parts] * passes
+    assert whole.old is not None and split.old is not None
+    real, response = batch.attention_mask.bool(), batch.response_mask.bool()
+    assert torch.equal(split.old.indices[:, real], whole.old.indices[:, real])  # exactly
+    torch.testing.assert_close(split.old.entropy[:, real], whole.old.entropy[:, real])
+    # pi_old (under rollout replay: on the generator's experts of each part's rows and width).
+    torch.testing.assert_close(split_lp[response], whole_lp[response], rtol=0, atol=1e-5)
+    torch.testing.assert_close(split_entropy[response], whole_entropy[response], rtol=0, atol=1e-5)
+    assert split_metrics.keys() == whole_metrics.keys()
+    for key, value in whole_metrics.items():
+        assert split_metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert split_metrics[M.MOE_ROUTING_CHANGE_FRAC] == 0.0  # no update between the passes
+    if arm_name == "grpo_replay_rollout":
+        assert split_metrics[M.MOE_ROLLOUT_ROUTING_MISMATCH] > 0.0  # another model's routing
+
+
+def two_steps(
+    moe_dir: Path, batch: RolloutBatch, arm_name: str, budget: int | None
+) -> tuple[list[torch.Tensor], list[float], list[dict[str, float]]]:
+    """(policy parameters, grad norms, metrics of both steps) after two steps on `batch`."""
+    arm = make_arm(name=arm_name, **ARMS[arm_name])
+    settings = {"prompts_per_step": 4, "minibatches": 2, "ppo_epochs": 2, "lr": LR}
+    cfg = LearnerConfig(old_logprobs="recompute", micro_batch_tokens=budget, **settings)
+    models = build_step_models(moe_dir, arm, cfg, total_steps=2)
+    norms, metrics = [], []
+    for step in range(2):
+        result = train_on_batch(
+            models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
+        )
+        norms += result.grad_norms
+        metrics.append(result.metrics)
+    return [p.detach().clone() for p in models.policy.module.parameters()], norms, metrics
+
+
+@pytest.mark.parametrize("arm_name", list(ARMS))
+def test_micro_batched_moe_steps_train_the_same_weights(
+    moe_dir: Path, batch: RolloutBatch, arm_name: str
+) -> None:
+    plain_params, plain_norms, plain_metrics = two_steps(moe_dir, batch, arm_name, None)
+    params, norms, metrics = two_steps(moe_dir, batch, arm_name, BUDGET)
+    initial = [p.detach() for p in tiny_moe().parameters()]
+    trained = max(float((a - b).abs().max()) for a, b in zip(plain_params, initial, strict=True))
+    assert trained > 1e-3  # the comparison is between trained weights
+    moved = max(float((a - b).abs().max()) for a, b in zip(params, plain_params, strict=True))
+    assert moved <= 1e-6, moved
+    torch.testing.assert_close(norms, plain_norms, rtol=1e-5, atol=1e-6)
+    for split, whole in zip(metrics, plain_metrics, strict=True):
+        assert split.keys() == whole.keys()
+        assert any(key.startswith("moe/") for key in whole)
+        for key, value in whole.items():
+            if key.startswith("perf/") or math.isnan(value):
+                assert key.startswith("perf/") or math.isnan(split[key]), key
+                continue
+            assert split[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
