@@ -46,6 +46,9 @@ class Experiment:
     metrics: pd.DataFrame
     problems: pd.DataFrame
     evals: pd.DataFrame = field(default_factory=lambda: stack_evals({}))
+    # The directory holding the trial directories (`trial_name`s): a section that reads a few
+    # rows of a big per-trial table (the rollout log) reads them there, not all at load time.
+    trials_root: Path | None = None
 
 
 def trials_dir(root: Path) -> Path:
@@ -185,7 +188,7 @@ def load_experiment(root: Path) -> Experiment:
     metrics = tidy_frame(metric_frames)
     problem_frame = pd.DataFrame(problems, columns=PROBLEM_COLUMNS)
     problem_frame = problem_frame.astype({"seed": "Int64", "lag": "Int64"})
-    return Experiment(trials, metrics, problem_frame, stack_evals(evals))
+    return Experiment(trials, metrics, problem_frame, stack_evals(evals), trials_dir(root))
 
 
 def tidy_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:

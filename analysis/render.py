@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,9 @@ class Block:
     items: list[str] = field(default_factory=list)
     table: pd.DataFrame | None = None
     path: Path | None = None
+    # Table columns whose cells are literal text (a model's prompts and completions): shown
+    # exactly, never read as Markdown or HTML (`literal_markdown`, `literal_text`).
+    literal: tuple[str, ...] = ()
 
 
 def format_number(value: float, statistic: str = "") -> str:
@@ -119,15 +123,46 @@ def wide_table(
     return pd.DataFrame(out)
 
 
-def markdown_table(table: pd.DataFrame) -> str:
-    """A GitHub pipe table; pipes inside cells are escaped."""
+NEWLINE_MARK = "⏎"
+EMPTY_TEXT = "(empty)"
+
+
+def literal_text(text: str) -> str:
+    """Literal text on one line: each line break shown as NEWLINE_MARK, empty text as
+    EMPTY_TEXT (a table cell cannot show either)."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\n", NEWLINE_MARK)
+    return text or EMPTY_TEXT
+
+
+def literal_markdown(text: str) -> str:
+    """`text` as a Markdown code span: shown exactly, never read as Markdown or inline HTML
+    (a completion that writes `<script>` or `**` shows those characters). The fence is one
+    backtick longer than any run inside, padded when the text starts or ends with a backtick
+    or a space (CommonMark strips one space on each side)."""
+    if not text:
+        return f"_{EMPTY_TEXT}_"
+    shown = literal_text(text)
+    fence = "`" * (1 + max((len(run) for run in re.findall(r"`+", shown)), default=0))
+    pad = " " if shown[0] in "` " or shown[-1] in "` " else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
+
+
+def markdown_table(table: pd.DataFrame, literal: tuple[str, ...] = ()) -> str:
+    """A GitHub pipe table; pipes inside cells are escaped; the `literal` columns' cells are
+    code spans (`literal_markdown`)."""
 
     def esc(v: object) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
+    def cell(column: str, v: object) -> str:
+        return esc(literal_markdown(str(v)) if column in literal else v)
+
     header = "| " + " | ".join(esc(c) for c in table.columns) + " |"
     rule = "|" + "|".join("---" for _ in table.columns) + "|"
-    body = ["| " + " | ".join(esc(v) for v in r) + " |" for r in table.itertuples(index=False)]
+    body = [
+        "| " + " | ".join(cell(c, v) for c, v in zip(table.columns, r, strict=True)) + " |"
+        for r in table.itertuples(index=False)
+    ]
     return "\n".join([header, rule, *body])
 
 
@@ -143,7 +178,9 @@ def to_markdown(blocks: list[Block], base: Path) -> str:
             out.append("\n".join(f"- {item}" for item in b.items) or "- (none)")
         elif b.kind == "table":
             out.append(
-                markdown_table(b.table) if b.table is not None and len(b.table) else "_(no rows)_"
+                markdown_table(b.table, b.literal)
+                if b.table is not None and len(b.table)
+                else "_(no rows)_"
             )
         elif b.kind == "figure" and b.path is not None:
             out.append(f"![{b.text}]({b.path.relative_to(base).as_posix()})\n\n_{b.text}_")
@@ -184,7 +221,10 @@ def to_html(blocks: list[Block], title: str) -> str:
             if b.table is None or b.table.empty:
                 parts.append("<p><em>(no rows)</em></p>")
             else:
-                parts.append(b.table.to_html(index=False, escape=True, border=0, na_rep=DASH))
+                shown = b.table.assign(
+                    **{c: b.table[c].map(lambda v: literal_text(str(v))) for c in b.literal}
+                )
+                parts.append(shown.to_html(index=False, escape=True, border=0, na_rep=DASH))
         elif b.kind == "figure" and b.path is not None:
             parts.append(
                 f"<figure>{_image_tag(b.path, b.text)}"

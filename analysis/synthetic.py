@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from contract import evals as ev
 from contract import metrics as mn
+from contract import rollout_log as rl
 from contract import step_tables
 from contract.layout import ExperimentPaths, TrialPaths
 from contract.trial import StalenessMode, TrialStatus
@@ -61,6 +62,12 @@ class SyntheticSpec:
     # Mean response tokens generated per step (tokens/generated); the arm listed i-th in `skill`
     # costs (1 + 0.25 i) times as much. 0: the column is not written (older trials).
     tokens_per_step: float = 0.0
+    # Also write rollouts.parquet (contract.rollout_log) at the steps `learner.rollout_log.every:
+    # eval_every` logs: `rollout_groups` addition prompts of 4 samples, correct (an
+    # `<answer>` tag with the sum) at the trial's pass rate. Off: no rollout log, like trials
+    # written before it existed.
+    rollouts: bool = False
+    rollout_groups: int = 4
 
 
 def _pass_rate(
@@ -186,6 +193,47 @@ def evals_table(spec: SyntheticSpec, metrics: pa.Table) -> pa.Table:
     return pa.table(table | {k: pa.array(v, pa.float64()) for k, v in scores.items()})
 
 
+def rollouts_parts(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: int):
+    """{step: its rollout log part} of one trial: the prompts of a step are matched across arms
+    (drawn from seed and step), the responses drawn per arm (module docstring's effects)."""
+    rng = np.random.default_rng(zlib.crc32(f"rollouts/{arm}/{seed}/{lag}".encode()))
+    steps = np.arange(1, last_step + 1)
+    rates = _pass_rate(spec, arm, seed, lag, steps.astype(float), rng=rng)
+    parts = {}
+    for step, rate in zip(steps, rates, strict=True):
+        if not rl.is_logged_step(int(step), spec.eval_every, last_step):
+            continue
+        prompts = np.random.default_rng(zlib.crc32(f"prompts/{seed}/{step}".encode()))
+        columns: dict[str, list] = {name: [] for name in rl.ROLLOUT_LOG_SCHEMA.names}
+        for p in range(spec.rollout_groups):
+            a, b = (int(x) for x in prompts.integers(10, 100, size=2))
+            prompt = f"What is {a} + {b}?\nAnswer:"
+            for sample in range(4):
+                right = bool(rng.random() < rate)
+                response = f"<answer>{a + b if right else a + b + 1}</answer>"
+                version = max(0, int(step) - 1 - lag)
+                values = {
+                    rl.STEP: int(step),
+                    rl.GROUP_ID: f"s{seed}-b{step - 1}-p{p}",
+                    rl.PROMPT_INDEX: (int(step) - 1) * spec.rollout_groups + p,
+                    rl.SAMPLE_INDEX: sample,
+                    rl.POLICY_VERSION: version,
+                    rl.LAG: int(step) - 1 - version,
+                    rl.PROMPT_IDS: [ord(c) for c in prompt],
+                    rl.RESPONSE_IDS: [ord(c) for c in response],
+                    rl.PROMPT_TEXT: prompt,
+                    rl.RESPONSE_TEXT: response,
+                    rl.REWARD: float(right),
+                    rl.FINISH_REASON: "stop",
+                    rl.BEHAVIOR_LOGPROBS: [-0.5] * len(response),
+                    rl.TOKEN_VERSIONS: [version] * len(response),
+                }
+                for name, value in values.items():
+                    columns[name].append(value)
+        parts[int(step)] = rl.rollout_table(columns)
+    return parts
+
+
 def write_trial(
     trial_dir: Path,
     info: dict,
@@ -242,4 +290,7 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
                 evals = evals_table(spec, table) if spec.eval_sets else None
                 trial_dir = ExperimentPaths(root).trial(name).root
                 write_trial(trial_dir, info, table, spec.rows_per_part, evals)
+                if spec.rollouts:
+                    for step, part in rollouts_parts(spec, arm, seed, lag, last).items():
+                        step_tables.write_part(TrialPaths(trial_dir).rollouts, step, part)
     return root

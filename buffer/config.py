@@ -88,6 +88,32 @@ class StalenessConfig(BaseModel):
         "bounded mode drops only groups older than lag + sync_every - 1. 1 = every step.",
     )
 
+    partial_rollouts: bool = Field(
+        default=False,
+        description="Bounded mode: when a newer version is published, a generator stops its "
+        "in-flight responses at a token boundary, loads the new weights and continues the same "
+        "responses (AReaL's interruptible rollouts, verl's partial_rollout), so a response spans "
+        "several versions; each token keeps the version that sampled it and its behaviour "
+        "log-prob under that version. Refused in fixed mode (which generates every batch with "
+        "one version, deterministically).",
+    )
+    partial_check_tokens: int = Field(
+        default=1,
+        ge=1,
+        description="With partial_rollouts: how often, in decoded tokens, a generator looks for "
+        "a newer version (a Redis read each time).",
+    )
+
+    @model_validator(mode="after")
+    def _check_partial(self) -> StalenessConfig:
+        if self.partial_rollouts and self.mode == "fixed":
+            raise ValueError(
+                "staleness.partial_rollouts needs staleness.mode: bounded: fixed mode generates "
+                "each batch with exactly one version (and so repeats bit for bit), while a "
+                "partial rollout takes new weights whenever they are published"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_lags(self) -> StalenessConfig:
         bad = [lag for lag in self.lags if lag < 0]

@@ -85,6 +85,36 @@ def check_group(g: RolloutGroup, *, payload_checked: bool = False) -> None:
     _check_times(g, where)
     if g.routed_experts is not None:
         _check_routing(g.routed_experts, len(g.prompt_ids), lengths, where)
+    if g.token_versions is not None:
+        _check_token_versions(g.token_versions, g.policy_version, lengths, where)
+
+
+def _check_token_versions(
+    versions: list[np.ndarray], policy_version: int, lengths: list[int], where: str
+) -> None:
+    """One version per response token, non-decreasing along the response (weights only move
+    forward mid-response), none older than the version the group started with."""
+    version_lengths = [len(v) for v in versions]
+    if version_lengths != lengths:
+        raise RecordError(
+            f"{where}: token_versions lengths {version_lengths} != response_ids lengths "
+            f"{lengths}; the generator must give every response token a version"
+        )
+    for j, v in enumerate(versions):
+        if v.ndim != 1:
+            raise RecordError(f"{where}: token_versions of sample {j} must be a 1-D list")
+        if v.size and int(v.min()) < policy_version:
+            raise RecordError(
+                f"{where}: sample {j} has a token of version {int(v.min())}, older than the "
+                f"group's policy_version {policy_version} (the version it started with)"
+            )
+        if v.size > 1 and bool((np.diff(v) < 0).any()):
+            step = int(np.argmax(np.diff(v) < 0))
+            raise RecordError(
+                f"{where}: token_versions of sample {j} go backwards ({int(v[step])} then "
+                f"{int(v[step + 1])} at token {step + 1}); a generator's weights only move "
+                "forward"
+            )
 
 
 def check_payload(

@@ -15,8 +15,15 @@ Versions. The schema's metadata carries `gspo.schema_version`; a message without
   tokens, the first R - 1 response tokens; the last one is never fed back), stored flat, with
   `routing_layers` and `routing_top_k` (0 and 0 when the generator did not record routing) as
   group-level columns giving the shape.
-`decode_group` reads both (a v1 group has generation_started_at = created_at and no routing) and
-refuses any other version with a RecordError naming it.
+- v3 (written by this build): v2 plus `token_versions`, per sample the policy version that
+  sampled each response token (int32, one per response token). With partial rollouts a generator
+  loads new weights mid-response and continues it, so one response spans several versions;
+  `policy_version` stays the version the group started with (the oldest of its tokens, what the
+  staleness rules read). Checked: one per response token, non-decreasing, none older than
+  `policy_version` (the learner checks, at intake, that none is newer than itself).
+`decode_group` reads all three (a v1 group has generation_started_at = created_at and no routing;
+a v1 or v2 group has every token at its `policy_version`) and refuses any other version with a
+RecordError naming it.
 
 Token and routing columns are held as numpy arrays (views into the received buffer after a
 decode), not as Python lists: materialising ~16k Python ints per group would cost more than the
@@ -62,8 +69,8 @@ from buffer.record_checks import (
 
 FinishReason = Literal["stop", "length"]
 
-SCHEMA_VERSION = 2  # what encode_group writes
-READABLE_VERSIONS = (1, 2)  # what decode_group reads
+SCHEMA_VERSION = 3  # what encode_group writes
+READABLE_VERSIONS = (1, 2, 3)  # what decode_group reads
 
 ROLLOUT_SCHEMA_V1 = pa.schema(
     [
@@ -82,7 +89,7 @@ ROLLOUT_SCHEMA_V1 = pa.schema(
         pa.field("created_at", TIMESTAMP, nullable=False),
     ]
 )
-ROLLOUT_SCHEMA = pa.schema(
+ROLLOUT_SCHEMA_V2 = pa.schema(
     [
         *ROLLOUT_SCHEMA_V1,
         pa.field("generation_started_at", TIMESTAMP, nullable=False),
@@ -90,9 +97,13 @@ ROLLOUT_SCHEMA = pa.schema(
         pa.field("routing_top_k", pa.int32(), nullable=False),
         pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
     ],
+    metadata={SCHEMA_VERSION_KEY: b"2"},
+)
+ROLLOUT_SCHEMA = pa.schema(
+    [*ROLLOUT_SCHEMA_V2, pa.field("token_versions", pa.list_(pa.int32()), nullable=False)],
     metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
 )
-_SCHEMAS = {1: ROLLOUT_SCHEMA_V1, 2: ROLLOUT_SCHEMA}
+_SCHEMAS = {1: ROLLOUT_SCHEMA_V1, 2: ROLLOUT_SCHEMA_V2, 3: ROLLOUT_SCHEMA}
 
 IntArray = npt.NDArray[np.int32]
 FloatArray = npt.NDArray[np.float32]
@@ -121,6 +132,9 @@ class RolloutGroup:
     `generation_started_at` None means `created_at` (a v1 record). `routed_experts`, when given,
     holds per sample the int16 experts [P + R - 1, layers, top_k] the generator routed each
     position to (see the module docstring); None when the generator did not record routing.
+    `token_versions` holds per sample the policy version of every response token; None means
+    every token at `policy_version` (a whole-response generation, or a v1/v2 record), and a list
+    of only that is stored as None; `versions_per_token()` gives the arrays either way.
     """
 
     run_id: str
@@ -137,6 +151,7 @@ class RolloutGroup:
     created_at: datetime
     generation_started_at: datetime | None = None
     routed_experts: list[ExpertArray] | None = None
+    token_versions: list[IntArray] | None = None
     # decode_group only: it checked token ids and logprobs on the message's flat columns, one
     # numpy pass each, so the per-sample passes of check_group are skipped (same checks).
     payload_checked: InitVar[bool] = False
@@ -152,6 +167,9 @@ class RolloutGroup:
                 if self.routed_experts is None
                 else [int16_experts(a) for a in self.routed_experts]
             )
+            versions = (
+                None if self.token_versions is None else [int32_ids(v) for v in self.token_versions]
+            )
         except (TypeError, ValueError, OverflowError) as exc:
             raise RecordError(
                 f"group {self.group_id!r}: tokens must be int32 ids, routed_experts int16 expert "
@@ -165,6 +183,11 @@ class RolloutGroup:
         coerce(self, "reward_infos", list(self.reward_infos))
         coerce(self, "finish_reasons", list(self.finish_reasons))
         coerce(self, "routed_experts", routed)
+        # Every token at policy_version is stored as None, so a group copied with another
+        # policy_version (dataclasses.replace) does not carry versions of the old one.
+        if versions is not None and all((v == self.policy_version).all() for v in versions):
+            versions = None
+        coerce(self, "token_versions", versions)
         if self.generation_started_at is None:
             coerce(self, "generation_started_at", self.created_at)
         check_group(self, payload_checked=payload_checked)
@@ -173,6 +196,20 @@ class RolloutGroup:
     def num_samples(self) -> int:
         """G, the number of sampled responses in this group."""
         return len(self.response_ids)
+
+    def versions_per_token(self) -> list[IntArray]:
+        """Per sample, the policy version of each response token."""
+        if self.token_versions is not None:
+            return self.token_versions
+        return [np.full(len(r), self.policy_version, dtype=np.int32) for r in self.response_ids]
+
+    @property
+    def newest_token_version(self) -> int:
+        """The newest version that sampled a token of the group (policy_version unless a
+        generator loaded new weights mid-response)."""
+        if self.token_versions is None:
+            return self.policy_version
+        return max((int(v[-1]) for v in self.token_versions if v.size), default=0)
 
     @property
     def routing_shape(self) -> tuple[int, int]:
@@ -205,7 +242,7 @@ def _field_equal(a: object, b: object) -> bool:
 
 
 def encode_group(group: RolloutGroup) -> bytes:
-    """One Arrow IPC stream message (schema v2) with one row per sample (the group was checked
+    """One Arrow IPC stream message (schema v3) with one row per sample (the group was checked
     when built)."""
     n = group.num_samples
     layers, top_k = group.routing_shape
@@ -229,6 +266,7 @@ def encode_group(group: RolloutGroup) -> bytes:
         "routing_layers": constant_ints(layers, n),
         "routing_top_k": constant_ints(top_k, n),
         "routed_experts": _routed_column(group.routed_experts, n),
+        "token_versions": list_array(group.versions_per_token(), pa.int32()),
     }
     batch = pa.RecordBatch.from_arrays(
         [columns[name] for name in ROLLOUT_SCHEMA.names], schema=ROLLOUT_SCHEMA
@@ -252,7 +290,7 @@ def _routed_column(routed: list[ExpertArray] | None, n: int) -> pa.ListArray:
 def decode_group(
     data: bytes, expected_run_id: str | None = None, max_bytes: int | None = None
 ) -> RolloutGroup:
-    """Parse and check one group message (schema v1 or v2); any problem raises RecordError
+    """Parse and check one group message (schema v1, v2 or v3); any problem raises RecordError
     saying what it was.
 
     Token columns come back as numpy views into `data` (zero-copy); per-row scalar columns hold G
@@ -296,6 +334,15 @@ def decode_group(
         started = _EPOCH + timedelta(microseconds=scalars["generation_started_at"])
         shape = (scalars["routing_layers"], scalars["routing_top_k"])
         routed = _routing(cols["routed_experts"], shape, len(prompt), np.diff(resp_offsets))
+    token_versions = None
+    if version >= 3:
+        values, offsets = flat(cols["token_versions"])
+        if not np.array_equal(offsets, resp_offsets):
+            raise RecordError(
+                f"token_versions lengths {np.diff(offsets)} != response_ids lengths "
+                f"{np.diff(resp_offsets)}; the generator must give every response token a version"
+            )
+        token_versions = [values[a:b] for a, b in bounds]
     return RolloutGroup(
         run_id=run_id,
         group_id=scalars["group_id"],
@@ -311,6 +358,7 @@ def decode_group(
         created_at=created,
         generation_started_at=started,
         routed_experts=routed,
+        token_versions=token_versions,
         payload_checked=True,
     )
 
@@ -374,8 +422,10 @@ def _micros(moment: datetime) -> int:
 
 
 _V1_SCALARS = ("run_id", "group_id", "prompt_index", "policy_version", "generator_id")
-_GROUP_SCALARS = {1: _V1_SCALARS, 2: (*_V1_SCALARS, "routing_layers", "routing_top_k")}
-_TIMESTAMPS = {1: ("created_at",), 2: ("created_at", "generation_started_at")}
+_V2_SCALARS = (*_V1_SCALARS, "routing_layers", "routing_top_k")
+_GROUP_SCALARS = {1: _V1_SCALARS, 2: _V2_SCALARS, 3: _V2_SCALARS}
+_V2_TIMESTAMPS = ("created_at", "generation_started_at")
+_TIMESTAMPS = {1: ("created_at",), 2: _V2_TIMESTAMPS, 3: _V2_TIMESTAMPS}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 

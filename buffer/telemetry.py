@@ -54,13 +54,19 @@ class Telemetry:
 
     def generator_metrics(self) -> dict[str, float]:
         """Fleet-wide perf/* figures, each combined over generators by its contract.metrics rule
-        (tokens/s summed, idle fraction and weight-sync time averaged).
+        (tokens/s summed; idle fraction, weight-sync time and CPU share averaged).
 
         Only generators that reported a figure count toward it; none reported: absent.
         """
         figures = list(self.generators().values())
         out: dict[str, float] = {}
-        for name in (m.PERF_GEN_TOKENS_PER_S, m.PERF_GEN_IDLE_FRAC, m.PERF_WEIGHT_SYNC_S):
+        combined = (
+            m.PERF_GEN_TOKENS_PER_S,
+            m.PERF_GEN_IDLE_FRAC,
+            m.PERF_WEIGHT_SYNC_S,
+            m.PERF_GEN_CPU_FRAC,
+        )
+        for name in combined:
             values = [f[name] for f in figures if name in f]
             if values:
                 out[name] = m.combine(name, values)

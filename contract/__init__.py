@@ -5,8 +5,11 @@
 - `contract.layout`: the experiment and trial directory layout (`ExperimentPaths`, `TrialPaths`).
 - `contract.record`: the validated `trial.json` record (`TrialRecord`) and its one reader.
 - `contract.metrics`: the per-step metric names and the rule that combines each one.
-- `contract.step_tables`: `metrics.parquet/` and `evals.parquet/`, one Parquet part per step: the
-  one writer (atomic, truncation on resume) and reader (schema union, damaged parts reported).
+- `contract.step_tables`: `metrics.parquet/`, `evals.parquet/` and `rollouts.parquet/`, one
+  Parquet part per step: the one writer (atomic, truncation on resume) and reader (schema
+  union, damaged parts reported).
+- `contract.rollout_log`: the columns of `rollouts.parquet/` (the trained samples) and which
+  steps and groups a trial logs.
 - `contract.durable`: the one atomic write, fsync of a directory (or a tree) and file digest.
 - `contract.checkpoint_manifest`: a checkpoint's `manifest.json` (its seal and its records).
 - `contract.config_dump`: a config's resolved form, without the fields a table omits at their

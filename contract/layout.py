@@ -14,6 +14,7 @@ so a renamed file is one edit here instead of a silently empty report.
             prompts.parquet
             metrics.parquet/part-NNNNNN.parquet  one per step (contract.step_tables)
             evals.parquet/part-NNNNNN.parquet    per-eval-set scores (contract.evals)
+            rollouts.parquet/part-NNNNNN.parquet the trained samples (contract.rollout_log)
             trained_groups/step-NNNNNN.json
             checkpoints/  weights/  redis/  logs/<component>.log
             learner_outcome.json
@@ -32,6 +33,7 @@ RESOLVED_CONFIG: Final = "resolved_config.yaml"
 PROMPTS_FILE: Final = "prompts.parquet"
 METRICS_DIR: Final = "metrics.parquet"
 EVALS_DIR: Final = "evals.parquet"
+ROLLOUTS_DIR: Final = "rollouts.parquet"
 TRAINED_GROUPS_DIR: Final = "trained_groups"
 CHECKPOINTS_DIR: Final = "checkpoints"
 WEIGHTS_DIR: Final = "weights"
@@ -99,6 +101,13 @@ class TrialPaths:
         """A directory of one Parquet part per eval step, a row per eval set (contract.step_tables;
         appended by learner.runtime.evals_log)."""
         return self.root / EVALS_DIR
+
+    @property
+    def rollouts(self) -> Path:
+        """A directory of one Parquet part per logged step, a row per trained sample
+        (contract.step_tables; columns in contract.rollout_log; written by
+        learner.runtime.records)."""
+        return self.root / ROLLOUTS_DIR
 
     @property
     def trained_groups(self) -> Path:

@@ -84,6 +84,19 @@ STALENESS_DROPPED_LENGTH_MEAN: Final = "staleness/dropped_length_mean"
 STALENESS_BIAS_REWARD: Final = "staleness/bias_reward"
 STALENESS_BIAS_LENGTH: Final = "staleness/bias_length"
 STALENESS_KL_BEHAVIOR: Final = "staleness/kl_behavior"
+# Per-token staleness (rollout schema v3): a partial rollout's response spans the versions its
+# generator loaded while sampling it, so the lag of a token (step - the version that sampled it)
+# can be smaller than its group's (step - policy_version, what staleness/mean and /max and the
+# admission and drop rules read). Over the trained response tokens: mean and max lag, the share
+# of tokens at lag 0, 1, 2 and 3 or more, and the share of responses whose tokens span >= 2
+# versions.
+STALENESS_TOKEN_LAG_MEAN: Final = "staleness/token_lag_mean"
+STALENESS_TOKEN_LAG_MAX: Final = "staleness/token_lag_max"
+STALENESS_TOKENS_LAG0_FRAC: Final = "staleness/tokens_lag0_frac"
+STALENESS_TOKENS_LAG1_FRAC: Final = "staleness/tokens_lag1_frac"
+STALENESS_TOKENS_LAG2_FRAC: Final = "staleness/tokens_lag2_frac"
+STALENESS_TOKENS_LAG3PLUS_FRAC: Final = "staleness/tokens_lag3plus_frac"
+STALENESS_SPANNING_FRAC: Final = "staleness/spanning_frac"
 
 # Off-policy correction of the arm (learner.algorithms.corrections), per step over the batch's
 # response tokens (or sequences, for sequence-level corrections). weight_mean: mean applied weight
@@ -106,6 +119,14 @@ PERF_LEARNER_STEP_S: Final = "perf/learner_step_s"
 PERF_LEARNER_WAIT_FRAC: Final = "perf/learner_wait_frac"
 PERF_GEN_IDLE_FRAC: Final = "perf/gen_idle_frac"
 PERF_WEIGHT_SYNC_S: Final = "perf/weight_sync_s"
+# CPU share of a component: the CPU seconds its process used (every thread: process_time) over
+# wall seconds x the CPUs it may run on (its executor.cpu_sets set when pinned, else every CPU
+# it is lent). 1 = its CPU set fully busy. The generator's is over its run so far (like
+# gen_idle_frac), the learner's over the last step (from its previous step's row; absent on a
+# trial's first step). Unpinned on shared cores it says little; pinned it is the utilisation of
+# the component's own "node".
+PERF_GEN_CPU_FRAC: Final = "perf/gen_cpu_frac"
+PERF_LEARNER_CPU_FRAC: Final = "perf/learner_cpu_frac"
 # The learner step's parts, in seconds: wait = learner_step_s * learner_wait_frac (taking the
 # batch); train = collate + every minibatch update; publish = what the step blocks on to publish
 # its weights, the snapshot (the write, version notice and pruning run on a background thread,
@@ -213,6 +234,13 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         STALENESS_BIAS_REWARD: "mean",
         STALENESS_BIAS_LENGTH: "mean",
         STALENESS_KL_BEHAVIOR: "mean",
+        STALENESS_TOKEN_LAG_MEAN: "mean",
+        STALENESS_TOKEN_LAG_MAX: "max",
+        STALENESS_TOKENS_LAG0_FRAC: "mean",
+        STALENESS_TOKENS_LAG1_FRAC: "mean",
+        STALENESS_TOKENS_LAG2_FRAC: "mean",
+        STALENESS_TOKENS_LAG3PLUS_FRAC: "mean",
+        STALENESS_SPANNING_FRAC: "mean",
         OFFPOLICY_WEIGHT_MEAN: "mean",
         OFFPOLICY_ESS_FRAC: "mean",
         OFFPOLICY_MASKED_FRAC: "mean",
@@ -222,6 +250,8 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         PERF_LEARNER_WAIT_FRAC: "mean",
         PERF_GEN_IDLE_FRAC: "mean",
         PERF_WEIGHT_SYNC_S: "mean",
+        PERF_GEN_CPU_FRAC: "mean",  # as gen_idle_frac: the mean generator's share
+        PERF_LEARNER_CPU_FRAC: "mean",  # measured on rank 0, which logs the perf/* timings
         PERF_LEARNER_TRAIN_S: "max",  # as learner_step_s: the slowest rank's
         PERF_WEIGHT_PUBLISH_S: "max",  # rank 0 alone publishes, evaluates and checkpoints
         PERF_EVAL_S: "max",

@@ -1,9 +1,11 @@
-"""The on-disk step tables `metrics.parquet/` and `evals.parquet/`: their one writer and reader.
+"""The on-disk step tables `metrics.parquet/`, `evals.parquet/` and `rollouts.parquet/`: their
+one writer and reader.
 
 Each is a directory of one Parquet part per step, `part-NNNNNN.parquet` (`contract.layout` names
-the directories, `contract.metrics` and `contract.evals` the columns). The learner appends and
-truncates through this module, analysis and the harness read through it, and the synthetic
-experiments of analysis are written by it, so every trial directory is laid out the same way.
+the directories, `contract.metrics`, `contract.evals` and `contract.rollout_log` the columns).
+The learner appends and truncates through this module, analysis and the harness read through
+it, and the synthetic experiments of analysis are written by it, so every trial directory is
+laid out the same way.
 
 Why a directory of parts: Parquet files cannot be appended to, and rewriting one file per step
 would leave a window where a kill corrupts it. Each part is written to a temporary name, fsynced

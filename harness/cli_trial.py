@@ -43,6 +43,11 @@ def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> Tria
         raise fail(f"--seed must be >= 0, got {seed}")
     if lag < 0:
         raise fail(f"--lag must be >= 0, got {lag}")
+    if mode == "fixed" and cfg.staleness.partial_rollouts:
+        raise fail(
+            "--mode fixed with staleness.partial_rollouts: partial rollouts are bounded mode's "
+            "(fixed mode generates each batch with exactly one version); pass --mode bounded"
+        )
     return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)
 
 

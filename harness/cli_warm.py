@@ -14,7 +14,10 @@ What a trial could leave behind, and why none of it reaches the next one:
   after every trial, so a late SIGTERM kills the process rather than latch a finished trial;
 - environment, working directory, stdout/stderr: restored after every trial;
 - random state and thread counts: every component seeds and sets them itself at its start
-  (design section 1), which is what makes fixed mode bitwise in the first place.
+  (design section 1), which is what makes fixed mode bitwise in the first place;
+- CPU affinity (`executor.cpu_sets`): every thread of this process is pinned at the start of
+  each assignment, to the assignment's CPUs or, without any, back to the mask this process
+  started with.
 The supervisor keeps the connection open while the component runs; if it closes (the
 supervisor died, even by SIGKILL), this process exits at once, as a cold component would by
 PR_SET_PDEATHSIG.
@@ -35,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.launch.affinity import pin_all_threads, pinned_line
 from harness.launch.processes import open_private
 from harness.launch.warm_protocol import (
     WARM_ENGINES_ENV,
@@ -55,6 +59,9 @@ PRELOADS: dict[str, tuple[str, ...]] = {
 # Exit code of a warm process whose supervisor went away mid-trial.
 SUPERVISOR_GONE_CODE = 137
 RESET_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# The CPUs this process may use as started (`harness run`'s): an assignment without CPU sets
+# runs on these, whatever an earlier assignment was pinned to.
+_STARTED_ON: frozenset[int] = frozenset(os.sched_getaffinity(0))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -102,6 +109,7 @@ def run_assignment(assignment: dict[str, Any], conn: socket.socket, served: int)
     ):
         print(f"warm component process {os.getpid()}: trial {served} of this process", flush=True)
         try:
+            _pin(assignment)
             app(args=list(assignment["argv"]), prog_name="harness", standalone_mode=True)
             code = 0
         except SystemExit as exc:
@@ -114,6 +122,19 @@ def run_assignment(assignment: dict[str, Any], conn: socket.socket, served: int)
             for signum in RESET_SIGNALS:
                 signal.signal(signum, signal.SIG_DFL)
     return code
+
+
+def _pin(assignment: dict[str, Any]) -> None:
+    """Pin every thread of this process (those earlier trials started included) to the
+    assignment's CPUs, or back to the CPUs it started on; a pinned one is logged."""
+    cpus = assignment.get("cpus")
+    if not (isinstance(cpus, list) and cpus and all(isinstance(c, int) for c in cpus)):
+        pin_all_threads(_STARTED_ON)
+        return
+    pin_all_threads(frozenset(cpus))
+    name = str(assignment.get("name") or "component")
+    applied = frozenset(os.sched_getaffinity(0))  # what the kernel applied
+    print(pinned_line(name, os.getpid(), applied), flush=True)
 
 
 def _exit_when_closed(conn: socket.socket, finished: threading.Event) -> None:

@@ -23,6 +23,7 @@ from contract.config_dump import OmitAtDefault, dump_without_defaults
 from contract.tuning import SelectionStamp
 from harness.config_checks import (
     check_arms_and_seeds,
+    check_generator_cpu_sets,
     check_message_size,
     check_model_and_backends,
     check_path_component,
@@ -225,6 +226,7 @@ class ExperimentConfig(BaseModel):
         check_arms_and_seeds(self)
         check_model_and_backends(self)
         check_staleness_and_depth(self)
+        check_generator_cpu_sets(self)
         if self.tuning is not None:
             check_tuning(self)
         warn_equivalent_arms(self.arms, self.learner)  # e.g. GSPO and GSPO-token (design 6)
@@ -284,6 +286,9 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     OmitAtDefault(TaskConfig, "eval_offset", 0),
     OmitAtDefault(EvalConfig, "engine", "auto"),
     OmitAtDefault(StalenessConfig, "sync_every", 1),
+    OmitAtDefault(StalenessConfig, "partial_rollouts", False),
+    OmitAtDefault(StalenessConfig, "partial_check_tokens", 1),
+    OmitAtDefault(ExecutorConfig, "cpu_sets", None),
     OmitAtDefault(ExperimentConfig, "tuning", None),
     OmitAtDefault(ExperimentConfig, "selection", None),
 )

@@ -76,6 +76,13 @@ def check_model_and_backends(cfg: ExperimentConfig) -> None:
         )
 
 
+def check_generator_cpu_sets(cfg: ExperimentConfig) -> None:
+    """executor.cpu_sets names one CPU set per generator, or one they all share (whether the
+    machine lends those CPUs is checked where the trial starts: `harness.launch.affinity`)."""
+    if cfg.executor.cpu_sets is not None:
+        cfg.executor.cpu_sets.generator_cpus(cfg.generation.num_generators)
+
+
 def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
     """Dynamic sampling needs fixed staleness, and the buffer must hold every group that waits
     unacked for the next checkpoint."""
@@ -88,9 +95,17 @@ def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
             "fixed policy version; set staleness.mode: fixed or remove "
             "dynamic_sampling_rounds"
         )
-    # every draw of a step stays unacked until the checkpoint (extra rounds included)
+    if cfg.staleness.partial_rollouts and cfg.generation.backend != "torch":
+        raise ValueError(
+            "staleness.partial_rollouts is implemented for generation.backend: torch (its decode "
+            "loop loads new weights between tokens and re-reads the prefix); the vLLM generator "
+            "does not continue responses across versions yet: set generation.backend: torch"
+        )
+    # every draw of a step stays unacked until the checkpoint (extra rounds included); a sync
+    # interval lets groups be sync_every - 1 versions staler
     draws = cfg.learner.checkpoint_every * (1 + rounds)
-    depth_needed = (draws + max(cfg.staleness.lags) + 2) * cfg.learner.prompts_per_step
+    oldest = max(cfg.staleness.lags) + cfg.staleness.sync_every - 1
+    depth_needed = (draws + oldest + 2) * cfg.learner.prompts_per_step
     if cfg.buffer.max_depth < depth_needed:
         extra = " x (1 + max dynamic_sampling_rounds)" if rounds else ""
         raise ValueError(

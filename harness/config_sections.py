@@ -12,9 +12,11 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
+from harness.cpu_lists import format_cpu_list, parse_cpu_list
 from learner.algorithms.sampling_settings import MAX_TEMPERATURE, MIN_TEMPERATURE, SamplingSettings
 
 ModelArch = Literal["qwen2", "qwen3_moe", "mistral"]
@@ -307,6 +309,100 @@ class ComponentResources(BaseModel):
         return {name: amount for name, amount in asked.items() if amount > 0}
 
 
+class CpuSets(BaseModel):
+    """`executor.cpu_sets`: the CPUs each component of a trial may run on (kind=local).
+
+    Why: on a shared machine the learner and the generators contend for the same cores, so
+    `perf/learner_wait_frac` and `perf/gen_idle_frac` measure that contention, not how a
+    disaggregated fleet (generators on their own nodes, the learner on its own) would be used.
+    Disjoint sets model that fleet on one machine. Results do not change (each component sets
+    its own thread count; fixed mode stays bitwise); only timings do.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    learner: str = Field(
+        description="The learner's CPUs, a CPU list as `taskset -c` takes it (`0`, `0-3`, "
+        "`0-1,6`); every rank of learner_ranks > 1 shares it."
+    )
+    generators: list[str] = Field(
+        min_length=1,
+        description="One CPU list per generator (generation.num_generators of them, pairwise "
+        "disjoint), or a single one that all generators share: several engines on one "
+        "generator node, contending with each other as they would there, never with the "
+        "learner. Partly overlapping per-generator sets model no fleet and are refused.",
+    )
+
+    @field_validator("learner", mode="before")
+    @classmethod
+    def _learner_list(cls, value: Any) -> Any:
+        return _checked_cpu_list(value)
+
+    @field_validator("generators", mode="before")
+    @classmethod
+    def _generator_lists(cls, value: Any) -> Any:
+        if isinstance(value, str | int):  # `generators: "1"`: one set shared by all
+            value = [value]
+        if not isinstance(value, list):
+            return value  # pydantic names the type error
+        return [_checked_cpu_list(item) for item in value]
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> CpuSets:
+        learner = self.learner_cpus()
+        for index, cpus in enumerate(self.generator_entries()):
+            shared = learner & cpus
+            if shared:
+                raise ValueError(
+                    f"generators[{index}]={self.generators[index]!r} shares CPUs "
+                    f"{format_cpu_list(shared)} with learner={self.learner!r}: the sets must "
+                    "be disjoint, or the learner and the generators contend for cores again"
+                )
+        entries = self.generator_entries()
+        for i, first in enumerate(entries):
+            for j in range(i + 1, len(entries)):
+                shared = first & entries[j]
+                if shared:
+                    raise ValueError(
+                        f"generators[{i}] and generators[{j}] share CPUs "
+                        f"{format_cpu_list(shared)}: give each generator its own set, or one "
+                        "set all generators share (a single entry)"
+                    )
+        return self
+
+    def learner_cpus(self) -> frozenset[int]:
+        return parse_cpu_list(self.learner)
+
+    def generator_entries(self) -> list[frozenset[int]]:
+        return [parse_cpu_list(entry) for entry in self.generators]
+
+    def generator_cpus(self, num_generators: int) -> list[frozenset[int]]:
+        """The CPUs of generators 0..num_generators-1; ValueError (naming the field) when the
+        entries are neither one shared set nor one per generator."""
+        entries = self.generator_entries()
+        if len(entries) == 1:
+            return entries * num_generators
+        if len(entries) != num_generators:
+            raise ValueError(
+                f"executor.cpu_sets.generators has {len(entries)} CPU sets for "
+                f"generation.num_generators={num_generators}: give one per generator, or a "
+                "single set they all share"
+            )
+        return entries
+
+    def all_cpus(self) -> frozenset[int]:
+        return self.learner_cpus().union(*self.generator_entries())
+
+
+def _checked_cpu_list(value: Any) -> Any:
+    """A CPU list, as a string (a YAML `0` arrives as an int); ValueError if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return value  # pydantic names the type error
+    text = str(value).strip()
+    parse_cpu_list(text)
+    return text
+
+
 class ExecutorConfig(BaseModel):
     """Where trials run. Not part of the config hash: an executor changes no result."""
 
@@ -382,6 +478,14 @@ class ExecutorConfig(BaseModel):
         description="output_dir is a URI: how often progress (metrics, logs) is pushed to and "
         "pulled from the bucket. Checkpoints and weight versions are uploaded when written.",
     )
+    cpu_sets: CpuSets | None = Field(
+        default=None,
+        description="kind=local: pin each trial's learner and generators to disjoint CPU sets "
+        "(`{learner: '0', generators: ['1']}`), so that learner wait and generator idle measure "
+        "a disaggregated fleet rather than two processes contending for the same cores. "
+        "Checked against the CPUs this machine lends the run when a run or trial starts. "
+        "Unset: no pinning.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ExecutorConfig:
@@ -390,5 +494,12 @@ class ExecutorConfig(BaseModel):
                 f"executor.address={self.address!r}: Ray Client addresses are not supported; "
                 "run `harness run` on a cluster node (e.g. through `ray job submit`) and give "
                 "the GCS address (host:6379) or `auto`"
+            )
+        if self.cpu_sets is not None and self.kind == "ray":
+            raise ValueError(
+                "executor.cpu_sets pins local processes and is for kind=local; with kind=ray "
+                "give each component its own bundle (executor.learner.cpus, "
+                "executor.generator.cpus, and custom resources to put them on different nodes): "
+                "Ray reserves those CPUs for the actor but does not pin it to cores"
             )
         return self

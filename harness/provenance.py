@@ -8,6 +8,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from harness.cpu_lists import format_cpu_list
 from learner.config.plugin_records import LOADED, loaded_plugins
 
 TRACKED_PACKAGES = (
@@ -71,6 +72,13 @@ def gpu_device_node_present() -> bool:
     return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
 
 
+def cpu_affinity() -> str | None:
+    """This process's CPUs as a CPU list (`0-1`); None where the OS has no affinity masks."""
+    if not hasattr(os, "sched_getaffinity"):  # pragma: no cover - macOS
+        return None
+    return format_cpu_list(frozenset(os.sched_getaffinity(0)))
+
+
 def hardware() -> dict[str, object]:
     """CPU/GPU facts. torch is asked only where a GPU device node exists: every trial's
     supervisor records these before it starts its components, and importing torch to learn
@@ -80,6 +88,9 @@ def hardware() -> dict[str, object]:
         "machine": platform.machine(),
         "python": platform.python_version(),
         "cpu_count": os.cpu_count(),
+        # The CPUs the recording process may use (a container's or taskset's share of
+        # cpu_count): what `executor.cpu_sets`, which the resolved config records, divides.
+        "cpu_affinity": cpu_affinity(),
     }
     if not gpu_device_node_present():
         info["cuda_available"] = False

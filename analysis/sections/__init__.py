@@ -16,6 +16,7 @@ from analysis.sections import (
     final_scores,
     findings,
     next_steps,
+    samples,
     stability,
     staleness,
     trials,
@@ -29,6 +30,7 @@ SECTIONS: tuple[Section, ...] = (
     tuning,  # only with a tuning stage (<exp>/tuning/selection.json)
     eval_aggregates,  # the headline when there are several eval sets
     final_scores,
+    samples,  # only when trials have a rollout log (rollouts.parquet/)
     eval_sets,
     comparisons,
     compute_matched,

@@ -18,7 +18,7 @@ def open_executor(executor: ExecutorConfig) -> Executor:
     """The executor `executor.kind` names (connecting happens later, in its pool or launcher)."""
     if executor.kind == "ray":
         return RayExecutor(executor)
-    return LocalExecutor()
+    return LocalExecutor(executor.cpu_sets)
 
 
 __all__ = ["Executor", "open_executor"]

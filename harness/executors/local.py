@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from harness.config import ExperimentConfig
+from harness.config_sections import CpuSets
 from harness.executors.base import TrialPool
+from harness.launch.affinity import check_cpu_sets, component_cpus
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import Child
 from harness.launch.trials import CommandBuilder, PoolLimits
@@ -25,20 +28,27 @@ class LocalLauncher:
 
     redis_host = LOOPBACK
 
-    def __init__(self) -> None:
+    def __init__(self, cpus: dict[str, frozenset[int]] | None = None) -> None:
         self.warm = warm_components_from_env()
+        # component name -> its CPU set (executor.cpu_sets, `affinity.component_cpus`)
+        self.cpus = cpus or {}
 
     def child(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> Child:
+        cpus = self.cpus.get(name)
         if name in self.warm:
             path, pid = self.warm[name]
-            return WarmChild(name, args, log_path, env, socket_path=path, warm_pid=pid)
-        return Child(name, args, log_path, env)
+            return WarmChild(name, args, log_path, env, cpus=cpus, socket_path=path, warm_pid=pid)
+        return Child(name, args, log_path, env, cpus=cpus)
 
 
 class LocalExecutor:
-    """Everything on this machine, sharing one trial directory."""
+    """Everything on this machine, sharing one trial directory; with `cpu_sets`, each
+    component pinned to its CPUs."""
 
     private_components = False
+
+    def __init__(self, cpu_sets: CpuSets | None = None) -> None:
+        self.cpu_sets = cpu_sets
 
     def trial_pool(
         self, command: CommandBuilder, limits: PoolLimits, warm: WarmSlots | None = None
@@ -47,8 +57,9 @@ class LocalExecutor:
 
     @contextlib.contextmanager
     def components(self, num_generators: int, interrupted: SignalLatch) -> Iterator[LocalLauncher]:
-        del num_generators, interrupted  # a child process needs no reservation
-        yield LocalLauncher()
+        del interrupted  # a child process needs no reservation
+        # Checked here, in the trial's supervisor, against the CPUs this machine lends it.
+        yield LocalLauncher(component_cpus(self.cpu_sets, num_generators))
 
     def abandoned(self) -> bool:
         return False
@@ -57,7 +68,12 @@ class LocalExecutor:
 def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
     """The warm processes each slot of `harness run` keeps for `cfg`'s trials, or None (another
     executor, or `executor.warm_components: false`). A learner under torchrun (several ranks)
-    is not kept: torchrun starts its ranks itself."""
+    is not kept: torchrun starts its ranks itself.
+
+    Also where `harness run` refuses, before its first trial, CPU sets (`executor.cpu_sets`)
+    this machine cannot honour, and warns of components with more threads than CPUs."""
+    for warning in check_cpu_sets(cfg):
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     if cfg.executor.kind != "local" or not cfg.executor.warm_components:
         return None
     components: dict[str, tuple[str, ...]] = {}

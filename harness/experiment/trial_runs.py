@@ -33,6 +33,7 @@ from mlflow.utils.validation import (
 
 from contract import evals as E
 from contract import metrics as M
+from contract import rollout_log as RL
 from contract import step_tables
 from contract.layout import (
     EVALS_DIR,
@@ -40,6 +41,7 @@ from contract.layout import (
     METRICS_DIR,
     PROMPTS_FILE,
     RESOLVED_CONFIG,
+    ROLLOUTS_DIR,
     TRIAL_ARTIFACTS,
     TRIAL_JSON,
     TRIAL_LOG,
@@ -213,6 +215,16 @@ def read_evals(trial_dir: Path) -> pa.Table | None:
     return table.sort_by(E.STEP) if table is not None and table.num_rows else None
 
 
+def read_rollouts(trial_dir: Path) -> pa.Table | None:
+    """Every row of a trial's rollout log (`contract.rollout_log`: the trained samples of the
+    logged steps) sorted by step, groups and samples in the order trained; None if it logged
+    none (a trial older than the log, or `learner.rollout_log.every: 0`). A damaged part raises
+    `contract.step_tables.DamagedPartError`."""
+    root = TrialPaths(Path(trial_dir)).rollouts
+    table = step_tables.read_table(root) if root.is_dir() else None
+    return table.sort_by(RL.STEP) if table is not None and table.num_rows else None
+
+
 def read_metrics(trial_dir: Path) -> pa.Table | None:
     """All metric rows of a trial sorted by step (None if it wrote none), read by the learner's
     writer's reader (`contract.step_tables`; a damaged part raises its `DamagedPartError`)."""
@@ -266,9 +278,9 @@ def _place(source: Path, target: Path) -> None:
 def stage_trial_files(trial_dir: Path, staging: Path) -> int:
     """Lay out what goes under the artifact path `trial/`; returns the number of files.
 
-    Only whole metric and eval parts (`contract.step_tables.list_parts`) are taken, never a
-    writer's `.tmp` file, and never checkpoints (large, and only useful next to the trial dir
-    that can resume them).
+    Only whole metric, eval and rollout-log parts (`contract.step_tables.list_parts`) are taken,
+    never a writer's `.tmp` file, and never checkpoints (large, and only useful next to the
+    trial dir that can resume them).
     The resolved config is copied with URL passwords redacted.
     """
     count = 0
@@ -284,7 +296,7 @@ def stage_trial_files(trial_dir: Path, staging: Path) -> int:
         for log in sorted(logs.glob("*.log")):
             _place(log, staging / LOGS_DIR / log.name)
             count += 1
-    for directory in (METRICS_DIR, EVALS_DIR):
+    for directory in (METRICS_DIR, EVALS_DIR, ROLLOUTS_DIR):  # the report reads all three
         if (trial_dir / directory).is_dir():
             for part in step_tables.list_parts(trial_dir / directory):
                 _place(part, staging / directory / part.name)

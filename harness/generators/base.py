@@ -74,6 +74,10 @@ class GenResult:
     log pi(response_ids[j][t] | prefix) under the sampled distribution: logits / temperature,
     top-k and top-p masks, renormalised (design section 4, `learner.algorithms.sampling_dist`).
 
+    `token_versions[j][t]`, in a partial rollout (`WeightUpdates`), is the policy version that
+    sampled token t (a later request of the call may start at a newer version than the call
+    did); None outside one: every token at the version the call started with.
+
     `routed_experts[j]`, when the backend records routing (the torch backend on an MoE model;
     None otherwise), is an int16 array [P + R_j - 1, layers, top_k]: the experts each MoE layer
     routed every position the engine ran a forward on to (the prompt tokens and every response
@@ -84,11 +88,16 @@ class GenResult:
     behavior_logprobs: list[list[float]]
     finish_reasons: list[FinishReason]
     routed_experts: list[np.ndarray] | None = None
+    token_versions: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         sizes = {len(self.response_ids), len(self.behavior_logprobs), len(self.finish_reasons)}
         if self.routed_experts is not None:
             sizes.add(len(self.routed_experts))
+        if self.token_versions is not None:
+            sizes.add(len(self.token_versions))
+            if [len(v) for v in self.token_versions] != [len(r) for r in self.response_ids]:
+                raise ValueError("GenResult: token_versions must give every response token one")
         if len(sizes) != 1:
             raise ValueError(f"GenResult fields disagree on the number of samples: {sizes}")
         for ids, logprobs in zip(self.response_ids, self.behavior_logprobs, strict=True):
@@ -107,7 +116,12 @@ class GenResult:
             other.behavior_logprobs,
             other.finish_reasons,
         )
-        return fields_equal and _same_routing(self.routed_experts, other.routed_experts)
+        same_versions = self.token_versions == other.token_versions
+        return (
+            fields_equal
+            and same_versions
+            and _same_routing(self.routed_experts, other.routed_experts)
+        )
 
     __hash__ = None  # type: ignore[assignment]  # holds lists: never hashable
 
@@ -129,10 +143,12 @@ def group_samples(
     requests: Sequence[GenRequest],
     samples: Sequence[Sample],
     routing: Sequence[np.ndarray] | None = None,
+    versions: Sequence[list[int]] | None = None,
 ) -> list[GenResult]:
     """Cut a flat list of samples (request by request, seed by seed) into one result per request.
 
-    `routing`, when given, holds each sample's routed experts in the same order.
+    `routing`, when given, holds each sample's routed experts in the same order; `versions`
+    each sample's per-token versions (a partial rollout).
     """
     if routing is not None and len(routing) != len(samples):
         raise ValueError(f"{len(routing)} routing records for {len(samples)} samples")
@@ -146,12 +162,29 @@ def group_samples(
                 behavior_logprobs=[logprobs for _, logprobs, _ in group],
                 finish_reasons=[reason for _, _, reason in group],
                 routed_experts=None if routing is None else list(routing[start:end]),
+                token_versions=None if versions is None else [list(v) for v in versions[start:end]],
             )
         )
         start = end
     if start != len(samples):
         raise ValueError(f"{len(samples)} samples for {start} seeds; every seed needs one sample")
     return results
+
+
+class WeightUpdates(Protocol):
+    """Where a generator in a partial rollout looks for newer weights between tokens
+    (`staleness.partial_rollouts`; the harness's is `harness.trial.weight_updates`)."""
+
+    check_tokens: int  # look every this many decoded tokens
+
+    def newer(self, loaded: int) -> tuple[int, str] | None:
+        """(version, its weights' location) of a version newer than `loaded` to switch to, or
+        None to go on with the loaded one."""
+        ...
+
+    def switched(self, version: int, seconds: float) -> None:
+        """The generator loaded `version` mid-generation in `seconds` (weight-sync telemetry)."""
+        ...
 
 
 @runtime_checkable
@@ -165,8 +198,13 @@ class Generator(Protocol):
         """Policy version of the loaded weights (0 = the model directory it started from)."""
         ...
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """One result per request, in order. Raises GenerationTimeoutError past the deadline."""
+    def generate(
+        self, requests: Sequence[GenRequest], updates: WeightUpdates | None = None
+    ) -> list[GenResult]:
+        """One result per request, in order. Raises GenerationTimeoutError past the deadline.
+
+        With `updates` (a partial rollout) the generator loads newer weights between tokens and
+        continues the same responses; each token's version is in `GenResult.token_versions`."""
         ...
 
     def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -32,6 +32,7 @@ from harness.generators.base import (
     GenResult,
     Sample,
     SamplingSettings,
+    WeightUpdates,
     group_samples,
     set_torch_threads,
 )
@@ -132,28 +133,40 @@ class TorchGenerator:
         """The causal LM it decodes with: the generator's evals score it as it is."""
         return self._model
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def generate(
+        self, requests: Sequence[GenRequest], updates: WeightUpdates | None = None
+    ) -> list[GenResult]:
         """A rollout generator decodes each request (a prompt's group) as a batch of its own: a
         float32 forward's rounding depends on the batch's shape (rows, padded width), and which
         prompts share a call depends on timing (ticket claims, extra rounds, a resume
         regenerating part of a batch), so a sample's logprobs must not depend on its neighbours
         for fixed mode to stay bitwise reproducible. An eval's generator (`around`) decodes its
-        fixed list of requests together."""
+        fixed list of requests together.
+
+        With `updates` (a partial rollout) the decode loop asks for newer weights every
+        `updates.check_tokens` tokens; on one it loads them in place, runs the new version over
+        every row's prompt and tokens so far (the KV cache of the old weights is dropped) and
+        goes on sampling the same responses: each token's behaviour log-prob is under the
+        version that sampled it, which `GenResult.token_versions` records."""
         per_request = [
             [_Row(list(r.prompt_ids), seed, r.max_new_tokens) for seed in r.seeds] for r in requests
         ]
         batches = (
             [[row for rows in per_request for row in rows]] if self._batch_requests else per_request
         )
-        decoded, routing = self._decode_all(
-            batches, self._seeded_sampler, "TorchGenerator.generate", self._records_routing
+        decoded, routing, versions = self._decode_all(
+            batches,
+            self._seeded_sampler,
+            "TorchGenerator.generate",
+            self._records_routing,
+            updates,
         )
-        return group_samples(requests, decoded, routing)
+        return group_samples(requests, decoded, routing, versions if updates else None)
 
     def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
         """Greedy decoding of every prompt, batched together: evals call it with a fixed list."""
         rows = [_Row(list(ids), None, max_new_tokens) for ids in prompts_ids]
-        decoded, _ = self._decode_all([rows], lambda _: _argmax, "TorchGenerator.greedy", False)
+        decoded, _, _ = self._decode_all([rows], lambda _: _argmax, "TorchGenerator.greedy", False)
         return [ids for ids, _, _ in decoded]
 
     @torch.no_grad()
@@ -175,10 +188,16 @@ class TorchGenerator:
         del self._model
 
     def _decode_all(
-        self, batches: list[list[_Row]], make_chooser: ChooserFactory, what: str, record: bool
-    ) -> tuple[list[Sample], list[np.ndarray] | None]:
+        self,
+        batches: list[list[_Row]],
+        make_chooser: ChooserFactory,
+        what: str,
+        record: bool,
+        updates: WeightUpdates | None = None,
+    ) -> tuple[list[Sample], list[np.ndarray] | None, list[list[int]]]:
         """Samples of every row, batch after batch (each in chunks of at most max_batch_rows),
-        and each row's routed experts when `record` (else None); one deadline for them all."""
+        each row's routed experts when `record` (else None) and each row's per-token versions;
+        one deadline for them all."""
         rows = [row for batch in batches for row in batch]
         for row in rows:
             if len(row.prompt_ids) + row.max_new_tokens > self._max_len:
@@ -190,6 +209,7 @@ class TorchGenerator:
         deadline = Deadline(self._timeout_s, what)
         out: list[Sample] = []
         routing: list[np.ndarray] = []
+        versions: list[list[int]] = []
         chunks = [
             batch[start : start + self._max_batch_rows]
             for batch in batches
@@ -197,12 +217,15 @@ class TorchGenerator:
         ]
         for chunk in chunks:
             trace: list[torch.Tensor] | None = [] if record else None
-            samples = self._decode(chunk, make_chooser, deadline, trace)
+            samples, step_versions = self._decode(chunk, make_chooser, deadline, trace, updates)
             out += samples
+            versions += [step_versions[: len(ids)] for ids, _, _ in samples]
             if trace is not None:
                 prompts = [len(row.prompt_ids) for row in chunk]
-                routing += _cut_routing(trace, prompts, [len(ids) for ids, _, _ in samples])
-        return out, routing if record else None
+                width = max(prompts)
+                lengths = [len(ids) for ids, _, _ in samples]
+                routing += _cut_routing(trace, prompts, lengths, width)
+        return out, routing if record else None, versions
 
     @torch.no_grad()
     def _decode(
@@ -211,11 +234,14 @@ class TorchGenerator:
         make_chooser: ChooserFactory,
         deadline: Deadline,
         trace: list[torch.Tensor] | None,
-    ) -> list[Sample]:
-        """Decode one batch: left-padded prefill, then one token per row per step.
+        updates: WeightUpdates | None = None,
+    ) -> tuple[list[Sample], list[int]]:
+        """Decode one batch: left-padded prefill, then one token per row per step; returns the
+        samples and the version each step's tokens were sampled with.
 
         With `trace`, each forward appends its experts (layers, B, T, k): the prefill's T is the
-        padded prompt width, each decode step's 1 (see `_cut_routing`).
+        padded prompt width, each decode step's 1 (see `_cut_routing`). A switch of weights
+        (`updates`) replaces the trace by the new version's prefill of every position so far.
         """
         choose = make_chooser(rows)
         batch = len(rows)
@@ -233,9 +259,20 @@ class TorchGenerator:
         active = torch.ones(batch, dtype=torch.bool, device=self._device)
         lengths = torch.zeros(batch, dtype=torch.long, device=self._device)
         stopped = torch.zeros(batch, dtype=torch.bool, device=self._device)
-        tokens_per_step, logprobs_per_step = [], []
-        for _ in range(int(limits.max())):
+        tokens_per_step, logprobs_per_step, step_versions = [], [], []
+        for step in range(int(limits.max())):
             deadline.check()
+            if updates is not None and step and step % updates.check_tokens == 0:
+                newer = updates.newer(self._version)
+                if newer is not None:
+                    updates.switched(newer[0], self.load_weights(*newer))
+                    ids = torch.cat([input_ids, torch.stack(tokens_per_step, dim=1)], dim=1)
+                    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, L + t)
+                    cache = DynamicCache(config=self._model.config)
+                    if trace is not None:
+                        trace.clear()  # the new prefill routes every position so far again
+                    logits = self._forward(ids, mask, positions, cache, trace)
+            step_versions.append(self._version)
             tokens, logprobs = choose(logits, active)  # (B,), (B,)
             tokens = torch.where(active, tokens, self._pad)
             tokens_per_step.append(tokens)
@@ -250,7 +287,7 @@ class TorchGenerator:
             logits = self._forward(tokens[:, None], mask, positions, cache, trace)
         all_tokens = torch.stack(tokens_per_step, dim=1).tolist()  # (B, T)
         all_logprobs = torch.stack(logprobs_per_step, dim=1).tolist()  # (B, T)
-        return [
+        samples: list[Sample] = [
             (
                 all_tokens[i][:n],
                 all_logprobs[i][:n],
@@ -258,6 +295,7 @@ class TorchGenerator:
             )
             for i, n in enumerate(lengths.tolist())
         ]
+        return samples, step_versions
 
     def _forward(
         self,
@@ -334,7 +372,7 @@ def _check_routers(model: torch.nn.Module) -> bool:
 
 
 def _cut_routing(
-    trace: list[torch.Tensor], prompt_lengths: list[int], lengths: list[int]
+    trace: list[torch.Tensor], prompt_lengths: list[int], lengths: list[int], width: int
 ) -> list[np.ndarray]:
     """Each row's experts [P + R - 1, layers, k] (int16) from one decode batch's forwards.
 
@@ -342,9 +380,10 @@ def _cut_routing(
     decode forward j (1-based) fed every row's token j - 1 (a pad once the row had finished). A
     row of R tokens fed tokens 0 .. R - 2, so its positions are columns W - P_i .. W + R - 2 of
     the forwards concatenated in time; its last token was never fed back (or fed after it had
-    finished, in a forward kept for other rows, and dropped here).
+    finished, in a forward kept for other rows, and dropped here). After a switch of weights
+    the first forward is the new version's prefill of columns 0 .. W + t - 1, so the columns
+    concatenate to the same layout.
     """
-    width = trace[0].shape[2]
     steps = torch.cat(trace, dim=2)  # (layers, B, W + S, k)
     per_row = steps.permute(1, 2, 0, 3).to(torch.int16).cpu().numpy()  # (B, W + S, layers, k)
     return [

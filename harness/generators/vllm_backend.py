@@ -48,6 +48,7 @@ from harness.generators.base import (
     GenResult,
     Sample,
     SamplingSettings,
+    WeightUpdates,
     group_samples,
     set_torch_threads,
 )
@@ -129,8 +130,15 @@ class VLLMGenerator:
     def version(self) -> int:
         return self._version
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def generate(
+        self, requests: Sequence[GenRequest], updates: WeightUpdates | None = None
+    ) -> list[GenResult]:
         from vllm import SamplingParams
+
+        if updates is not None:  # the config refuses this combination first
+            raise NotImplementedError(
+                "partial rollouts (staleness.partial_rollouts) need generation.backend: torch"
+            )
 
         prompts, params = [], []
         for request in requests:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from harness.launch.affinity import pinned_line
+
 _PR_SET_PDEATHSIG = 1
 # A component exiting with this code hit an error a restart cannot fix (a config value too small
 # for the data, say; its last log line says which): the supervisor fails the trial at once with
@@ -77,6 +79,17 @@ def die_at_once_with_parent(parent_pid: int) -> None:  # pragma: no cover - in t
         os._exit(1)
 
 
+def start_component(
+    parent_pid: int, cpus: frozenset[int] | None
+) -> None:  # pragma: no cover - in the child
+    """preexec_fn of a component: `die_at_once_with_parent`, then its CPU set
+    (`executor.cpu_sets`) before it execs, so it imports torch (which sizes its pools by the
+    mask) already pinned, and every thread it starts inherits the mask."""
+    die_at_once_with_parent(parent_pid)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def die_with_torchrun_agent() -> None:
     """In a learner rank that torchrun started: SIGKILL when the torchrun agent dies.
 
@@ -104,6 +117,8 @@ class Child:
     # reason (last_line, tail) must come from this attempt, not from an earlier one that logged
     # an error when this one was killed before it wrote anything.
     log_start: int = 0
+    # The CPUs it may run on (`executor.cpu_sets`); None: wherever its parent may.
+    cpus: frozenset[int] | None = None
 
     def start(self) -> None:
         log = open_private(self.log_path)
@@ -115,8 +130,14 @@ class Child:
             stdin=subprocess.DEVNULL,
             env={**os.environ, **self.env},
             # The supervisor is single-threaded; prctl(PDEATHSIG) has no spawn-safe equivalent.
-            preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
+            preexec_fn=functools.partial(start_component, os.getpid(), self.cpus),  # noqa: PLW1509
         )
+        if self.cpus:
+            # Read back from the kernel: the log records the mask applied, not the one asked.
+            with contextlib.suppress(ProcessLookupError):
+                applied = frozenset(os.sched_getaffinity(self.process.pid))
+                line = pinned_line(self.name, self.process.pid, applied)
+                log.write((line + "\n").encode())
         log.close()
         self.write_pid_file(self.process.pid)
 

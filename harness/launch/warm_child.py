@@ -62,6 +62,10 @@ class WarmChild(Child):
             "env": {**os.environ, **self.env},
             "cwd": os.getcwd(),
             "log": str(log_path.resolve()),
+            # Pinned per assignment: the warm process runs trials one after another, and an
+            # assignment without CPU sets gets back the mask the process started with.
+            "cpus": sorted(self.cpus) if self.cpus else None,
+            "name": self.name,
         }
         conn.sendall(encode(assignment))
         conn.setblocking(False)

@@ -3,8 +3,9 @@
 Ownership decides direction, so no file ever has two writers:
 
     supervisor (driver)  trial.json, resolved_config.yaml, prompts.parquet, trial.log, redis/
-    learner              metrics.parquet/, evals.parquet/, trained_groups/, checkpoints/,
-                         learner_outcome.json, weights/ (remote_weights: before each announce)
+    learner              metrics.parquet/, evals.parquet/, rollouts.parquet/, trained_groups/,
+                         checkpoints/, learner_outcome.json, weights/ (remote_weights: before
+                         each announce)
     each component       logs/<component>.log (pushed by its host)
 
 With the Ray executor every component keeps a private working copy on its node
@@ -41,6 +42,7 @@ from contract.layout import (
     PROMPTS_FILE,
     REDIS_DIR,
     RESOLVED_CONFIG,
+    ROLLOUTS_DIR,
     TRAINED_GROUPS_DIR,
     TRIAL_JSON,
     TRIAL_LOG,
@@ -57,7 +59,13 @@ ENV_SYNC_S: Final = "HARNESS_STORAGE_SYNC_S"  # how often progress is pushed / p
 
 SUPERVISOR_INPUTS: Final = (TRIAL_JSON, RESOLVED_CONFIG, PROMPTS_FILE)  # what components read
 SUPERVISOR_FILES: Final = (*SUPERVISOR_INPUTS, TRIAL_LOG)
-LEARNER_PROGRESS: Final = (METRICS_DIR, EVALS_DIR, TRAINED_GROUPS_DIR, LEARNER_OUTCOME)
+LEARNER_PROGRESS: Final = (
+    METRICS_DIR,
+    EVALS_DIR,
+    ROLLOUTS_DIR,
+    TRAINED_GROUPS_DIR,
+    LEARNER_OUTCOME,
+)
 LEARNER_FILES: Final = (*LEARNER_PROGRESS, CHECKPOINTS_DIR)
 # A fresh (not resumed) trial starts from nothing: these go, locally and in the bucket.
 STALE_ON_FRESH: Final = (*LEARNER_FILES, WEIGHTS_DIR, REDIS_DIR, LOGS_DIR)

@@ -49,6 +49,7 @@ from harness.storage.remote_weights import WeightFetcher
 from harness.storage.setup import setup_component_sync
 from harness.tasks.mixture import make_train_mixture
 from harness.trial.generator_evals import GeneratorEvals, Loaded
+from harness.trial.weight_updates import PublishedUpdates
 
 IDLE_POLL_S = 0.5
 LOCATION_RESTORE_WAIT_S = 30.0
@@ -66,9 +67,14 @@ class GeneratorFatalError(RuntimeError):
 
 @dataclass
 class GeneratorStats:
-    """Counters behind perf/gen_tokens_per_s, perf/gen_idle_frac, perf/weight_sync_s."""
+    """Counters behind perf/gen_tokens_per_s, perf/gen_idle_frac, perf/weight_sync_s and
+    perf/gen_cpu_frac, all of this generator (its telemetry hash and its final log line carry
+    them per generator id; the learner's row combines them over generators)."""
 
     started: float = field(default_factory=time.monotonic)
+    # CPU seconds of this process (every thread) when the stats began: a warm process has used
+    # CPU in earlier trials, which this trial's share must not count.
+    cpu_started: float = field(default_factory=time.process_time)
     tokens: int = 0
     generate_s: float = 0.0
     idle_s: float = 0.0
@@ -83,8 +89,15 @@ class GeneratorStats:
             M.PERF_GEN_TOKENS_PER_S: self.tokens / max(self.generate_s, 1e-9),
             M.PERF_GEN_IDLE_FRAC: self.idle_s / elapsed,
             M.PERF_WEIGHT_SYNC_S: self.sync_s / max(self.syncs, 1),
+            M.PERF_GEN_CPU_FRAC: self.cpu_frac(elapsed),
             "groups": float(self.groups),
         }
+
+    def cpu_frac(self, elapsed: float) -> float:
+        """perf/gen_cpu_frac: this process's CPU seconds since the stats began over `elapsed`
+        wall seconds x the CPUs it may run on (its executor.cpu_sets set when pinned)."""
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return (time.process_time() - self.cpu_started) / (elapsed * max(cpus or 1, 1))
 
 
 class GroupMaker:
@@ -109,13 +122,22 @@ class GroupMaker:
             max_new_tokens=self.cfg.generation.max_new_tokens,
         )
 
-    def make(self, tickets: list[int], version: int, stats: GeneratorStats) -> list[RolloutGroup]:
+    def make(
+        self,
+        tickets: list[int],
+        version: int,
+        stats: GeneratorStats,
+        updates: PublishedUpdates | None = None,
+    ) -> list[RolloutGroup]:
+        """The scored groups of `tickets`, generated from `version` (with `updates`, a partial
+        rollout: later tokens, and later groups of the call, may come from newer versions; each
+        group's policy_version is the version it started with, each token keeps its own)."""
         drawn = [self.mixture.prompt(self.spec.seed, ticket) for ticket in tickets]
         prompts = [prompt for _, prompt in drawn]
         requests = [self.request(t, p.text) for t, p in zip(tickets, prompts, strict=True)]
         started = time.monotonic()
         generation_started = datetime.now(UTC)  # wall clock: staleness accounting reads it
-        results = self.generator.generate(requests)
+        results = self.generator.generate(requests, updates)
         stats.generate_s += time.monotonic() - started
         groups = []
         per_step = self.cfg.learner.prompts_per_step
@@ -127,6 +149,8 @@ class GroupMaker:
             # Each prompt is scored by the verifier of the task it came from.
             scored = [component.reward_fn(text, prompt.ground_truth) for text in texts]
             stats.tokens += sum(len(ids) for ids in result.response_ids)
+            versions = result.token_versions
+            started = min((v[0] for v in versions if v), default=version) if versions else version
             created_at = datetime.now(UTC)
             groups.append(
                 RolloutGroup(
@@ -139,12 +163,13 @@ class GroupMaker:
                     rewards=[float(reward) for reward, _ in scored],
                     reward_infos=[json.dumps(info, sort_keys=True) for _, info in scored],
                     finish_reasons=result.finish_reasons,
-                    policy_version=version,
+                    policy_version=started,
                     generator_id=self.generator_id,
                     created_at=created_at,
                     # min: a wall-clock step back during generation must not void the record
                     generation_started_at=min(generation_started, created_at),
                     routed_experts=result.routed_experts,
+                    token_versions=versions,
                 )
             )
         return groups
@@ -318,6 +343,17 @@ def _generate(
         model_dir=maker.model_dir,
         fetcher=fetcher,
     )
+    partial = spec.mode == "bounded" and cfg.staleness.partial_rollouts
+    updates = (
+        PublishedUpdates(
+            versions,
+            cfg.staleness.sync_every,
+            cfg.staleness.partial_check_tokens,
+            fetcher,
+        )
+        if partial
+        else None
+    )
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
     checked = False
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
@@ -369,7 +405,13 @@ def _generate(
             stats.sync_s += maker.generator.load_weights(want, location)
             stats.syncs += 1
             loaded.version = want
-        groups = maker.make(claimed, loaded.version, stats)
+        if updates is not None:
+            switches, switch_s = updates.switches, updates.switch_s
+        groups = maker.make(claimed, loaded.version, stats, updates)
+        if updates is not None:  # weights loaded mid-generation count as weight syncs
+            stats.syncs += updates.switches - switches
+            stats.sync_s += updates.switch_s - switch_s
+            loaded.version = maker.generator.version
         draw = ticket_draw(claimed[0], per_step)  # the batch itself for round 0
         push_round(buffer, groups, batch_index=draw, tickets=claimed, limit=message_limit)
         stats.groups += len(groups)

@@ -13,11 +13,11 @@ import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
 from buffer.eval_requests import EvalRequests
-from buffer.streams import RolloutConsumer, Telemetry, connect
+from buffer.streams import RolloutConsumer, Telemetry, connect, request_stop
 from buffer.versions import InitialWeightsMismatchError, RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
 from contract.layout import WEIGHTS_DIR, TrialPaths
@@ -26,7 +26,7 @@ from contract.trial import TrialSpec
 from harness.config import ConfigError, ExperimentConfig
 from harness.launch.processes import die_with_torchrun_agent
 from harness.models.model_dir import build_model_dir, weights_digest
-from harness.models.tokenizer import encode_prompt, load_tokenizer
+from harness.models.tokenizer import encode_prompt, load_tokenizer, response_text
 from harness.storage.remote_weights import RemoteWeightStore
 from harness.storage.setup import setup_component_sync
 from harness.storage.trial_storage import (
@@ -40,6 +40,10 @@ from harness.trial.disk_space import disk_full_as_one_line
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
+from learner.runtime.task import TextDecoder
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 
 class _RankZeroOnly:
@@ -151,13 +155,17 @@ def name_initial_weights(versions: VersionRegistry, paths: TrialPaths, model_dir
 
 
 def trial_prompt_ids(
-    cfg: ExperimentConfig, seed: int, model_dir: Path
+    cfg: ExperimentConfig,
+    seed: int,
+    model_dir: Path,
+    tokenizer: PreTrainedTokenizerBase | None = None,
 ) -> Callable[[int], Sequence[int]]:
     """Prompt index -> the prompt tokens a generator of this trial sends for it: prompt `index`
     of the training stream (`task`, or the `train_tasks` mixture) for `seed`, rendered and
-    encoded with the model's tokenizer exactly as `generator_main.GroupMaker.request` does. The
-    mixture is built once; intake compares every group's prompt with it."""
-    tokenizer = load_tokenizer(model_dir)
+    encoded with the model's tokenizer (`tokenizer`, loaded from `model_dir` when not given)
+    exactly as `generator_main.GroupMaker.request` does. The mixture is built once; intake
+    compares every group's prompt with it."""
+    tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model_dir)
     mixture = make_train_mixture(cfg, tokenizer)
 
     @functools.lru_cache(maxsize=4096)  # a step asks for each of its prompts a few times
@@ -168,11 +176,24 @@ def trial_prompt_ids(
     return prompt_ids
 
 
+def text_decoder(tokenizer: PreTrainedTokenizerBase) -> TextDecoder:
+    """The rollout log's decoder (the learner imports no tokenizer): a prompt as the generator
+    rendered it, special tokens and all; a response as every verifier read it
+    (`response_text`: cut at EOS, special tokens skipped), so a logged reward reads against
+    the text it was given for."""
+
+    def prompt(ids: Sequence[int]) -> str:
+        return tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    return TextDecoder(prompt=prompt, response=functools.partial(response_text, tokenizer))
+
+
 def learner_task(
     cfg: ExperimentConfig, spec: TrialSpec, paths: TrialPaths, steps: int | None
 ) -> LearnerTask:
     arm = cfg.arm(spec.arm)
     model_dir = build_model_dir(cfg.model, cfg.task)
+    tokenizer = load_tokenizer(model_dir)
     return LearnerTask(
         arm=arm,
         learner=arm.training_settings(cfg.learner),  # the shared settings with the arm's own
@@ -185,7 +206,8 @@ def learner_task(
         trial_dir=paths.root,
         steps=steps,
         sampling=cfg.generation.sampling(),  # the learner scores under the generators' sampling
-        prompt_ids=trial_prompt_ids(cfg, spec.seed, model_dir),  # intake checks prompt tokens
+        prompt_ids=trial_prompt_ids(cfg, spec.seed, model_dir, tokenizer),  # intake checks them
+        decode=text_decoder(tokenizer),  # the rollout log's text columns
         sync_every=cfg.staleness.sync_every,
     )
 
@@ -243,6 +265,11 @@ def run_learner_component(
                 ports = LearnerPorts(stand_in, stand_in, stand_in, stand_in, stand_in)
             with resume_failures_as_one_line():
                 outcome = run_learner(task, ports, resume=resume, on_step=on_step, dist=dist)
+            if dist.is_main:
+                # Every step trained and every eval recorded: the run is over, so generators
+                # (which stay to answer eval requests, and extra rounds) may leave. A supervisor
+                # sets the same flag when the learner exits; generators started by hand need it.
+                request_stop(client, run_id)
         if dist.is_main:
             _record_outcome(paths, outcome, sync)
         return outcome

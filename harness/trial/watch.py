@@ -28,6 +28,7 @@ from contract.trial import TrialSpec, TrialStatus
 from harness.config import ExperimentConfig
 from harness.executors.base import Component, ComponentLauncher, TrialFailedError
 from harness.executors.local import LocalLauncher
+from harness.launch.affinity import thread_warnings
 from harness.launch.processes import EXIT_NO_RESTART, python_module_args
 from harness.signals import SignalLatch
 from harness.storage.trial_storage import SupervisorSync
@@ -112,6 +113,8 @@ def supervise(launch: Launch, interrupted: SignalLatch) -> TrialOutcome:
     redis_url, run_id, resume = launch.redis_url, launch.run_id, launch.resume
     config_path = paths.resolved_config
     env = {"HARNESS_REDIS_URL": redis_url, "HARNESS_RUN_ID": run_id, **launch.sync.component_env()}
+    for warning in thread_warnings(cfg, spec.arm):  # executor.cpu_sets smaller than threads
+        print(f"warning: {warning}", flush=True)
     learner_args = under_torchrun(
         component_args("learner", config_path, spec, paths, steps), cfg.executor.learner_ranks
     )

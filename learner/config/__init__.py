@@ -26,7 +26,7 @@ from learner.config.equivalence import (
     warn_equivalent_arms,
     warn_single_update,
 )
-from learner.config.shared import LearnerConfig, group_split_problem
+from learner.config.shared import LearnerConfig, RolloutLogConfig, group_split_problem
 
 __all__ = [
     "ARM_MODELS",
@@ -43,6 +43,7 @@ __all__ = [
     "KLCovArm",
     "LearnerConfig",
     "PPOArm",
+    "RolloutLogConfig",
     "SAPOArm",
     "arm_model",
     "group_split_problem",

@@ -12,7 +12,7 @@ from contract.config_dump import OmitAtDefault
 from learner.config.arm_base import GroupArm
 from learner.config.arm_training import TrainingOverrides
 from learner.config.arms import PPOArm
-from learner.config.shared import LearnerConfig
+from learner.config.shared import LearnerConfig, RolloutLogConfig
 
 
 def _estimator_ignores_adv_norm(arm: GroupArm) -> bool:
@@ -27,6 +27,8 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     OmitAtDefault(LearnerConfig, "dtype", "float32"),
     OmitAtDefault(LearnerConfig, "activation_checkpointing", False),
     OmitAtDefault(LearnerConfig, "cpu_offload", False),
+    # what the trial writes besides its results: the rollout log, every step
+    OmitAtDefault(LearnerConfig, "rollout_log", RolloutLogConfig()),
     # an arm's optimiser overrides, unset: it trains with `learner.*`
     *(OmitAtDefault(TrainingOverrides, name, None) for name in TrainingOverrides.training_fields),
     OmitAtDefault(PPOArm, "value_lr", None),

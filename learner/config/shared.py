@@ -10,6 +10,31 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from learner.vocabulary import LRSchedule, OldLogprobs
 
 
+class RolloutLogConfig(BaseModel):
+    """Which trained rollouts a trial writes to `rollouts.parquet/` (`contract.rollout_log`).
+
+    Why an option: on CPU a step's rollouts are a few kB, so every one is kept (researchers look
+    at samples first); at GPU scale (32 prompts x 8 responses x 1k tokens a step) that would be
+    as much data as the rest of the trial, so a GPU config logs every N-th step, a share of it.
+    Either choice changes no trained number: the log is written on the records thread."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    every: int = Field(
+        default=1,
+        ge=0,
+        description="Log the trained rollouts of the first step, every this many steps after "
+        "it, and the last step; 0: no rollout log.",
+    )
+    share: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="The share of a logged step's groups that are logged, chosen by a hash of "
+        "the group id: a rerun, a resume and every arm of a seed log the same groups.",
+    )
+
+
 class LearnerConfig(BaseModel):
     """Optimisation settings shared by every arm, so arms differ only in their objective."""
 
@@ -47,6 +72,11 @@ class LearnerConfig(BaseModel):
         "eval.samples samples per prompt); also on the initial weights and after the last step.",
     )
     checkpoint_every: int = Field(default=10, gt=0, description="Steps between checkpoints.")
+    rollout_log: RolloutLogConfig = Field(
+        default_factory=RolloutLogConfig,
+        description="The trained rollouts written to rollouts.parquet/ (tokens, decoded text, "
+        "rewards, behaviour logprobs, per-token versions, lag): every step by default.",
+    )
     grad_spike_factor: float = Field(
         default=5.0, gt=1, description="A grad norm over this x the rolling median is a spike."
     )

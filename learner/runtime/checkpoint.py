@@ -12,9 +12,9 @@ The manifest (`contract.checkpoint_manifest`) is the checkpoint's seal: a direct
 valid one is incomplete (a kill mid-save) and never loaded.
 
 `files`: every file of the checkpoint directory with its size and sha256. `records`: the trial's
-per-step files of steps <= the checkpoint's (metrics and eval parts, ledger files; names relative
-to the trial directory, `learner.runtime.records.StepRecords.vouched`), which the learner flushed
-before saving; the checkpoint vouches for them.
+per-step files of steps <= the checkpoint's (metric, eval and rollout-log parts, ledger files;
+names relative to the trial directory, `learner.runtime.records.StepRecords.vouched`), which the
+learner flushed before saving; the checkpoint vouches for them.
 
 Sharded (`learner.parallel=fsdp`): the models and optimisers are not in `state.pt` but in
 `step-NNNNNN/shards/`, written by every rank together with torch.distributed.checkpoint

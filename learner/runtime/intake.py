@@ -152,10 +152,21 @@ def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: in
                 f"policy_version {version}, but fixed mode at lag {rules.lag}{synced} generates "
                 f"batch {batch} with version {want_version}"
             )
+        if group.token_versions is not None:
+            return (
+                f"tokens of versions {version}..{group.newest_token_version}, but fixed mode "
+                f"generates every token of batch {batch} with version {want_version} (responses "
+                "continued across versions are bounded mode's partial rollouts)"
+            )
     elif version > learner_version:
         return (
             f"policy_version {version} is newer than the learner's version {learner_version}; "
             "no generator can have its weights"
+        )
+    elif group.newest_token_version > learner_version:
+        return (
+            f"a token of version {group.newest_token_version} is newer than the learner's "
+            f"version {learner_version}; no generator can have its weights"
         )
     prompt = group.prompt_index
     if ticket_batch(prompt, per_step) != batch or ticket_round(prompt) != round_index:

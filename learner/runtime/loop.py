@@ -42,7 +42,7 @@ from learner.runtime.distributed import SINGLE, DistContext, broadcast_batch
 from learner.runtime.intake import model_limits
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.published import PublishedWeights
-from learner.runtime.records import StepRecords
+from learner.runtime.records import LoggedRollouts, StepRecords, rollouts_to_log
 from learner.runtime.resume import Commits, start_or_resume
 from learner.runtime.step import (
     DivergenceError,
@@ -142,6 +142,8 @@ def run_learner(
             metrics |= ports.telemetry.buffer_metrics() | ports.telemetry.generator_metrics()
             metrics |= perf_metrics(t_wait, t_train, t_publish, t_published, checkpoint_s)
             rows = ledger_rows(taken, step)
+            trained = [d.group for d in taken.trained]
+            logged = rollouts_to_log(cfg.rollout_log, state.step, total_steps, trained, task.decode)
             records_io.submit(
                 partial(
                     _record_step,
@@ -150,6 +152,7 @@ def run_learner(
                     (state.step, time.time(), dict(metrics), rows),
                     eval_request,
                     latest_eval,
+                    rollouts=logged,
                 )
             )
             checkpoint_s = None
@@ -229,9 +232,12 @@ def _record_step(
     row: tuple[int, float, dict[str, float], list[dict[str, object]] | None],
     eval_request: Future[str] | None,
     latest_eval: dict[str, float],
+    *,
+    rollouts: LoggedRollouts | None = None,
 ) -> None:
     """Write step `row`'s metric row (with eval/pass_rate and perf/eval_s when its evals were
-    due: waited for here, off the training thread), its eval rows and its ledger."""
+    due: waited for here, off the training thread), its eval rows, its ledger and, when the
+    step is logged, its rollouts (decoded here, off the training thread too)."""
     step, timestamp, metrics, ledger = row
     if eval_request is not None:
         report, seconds = evals.wait(eval_request.result())
@@ -239,7 +245,7 @@ def _record_step(
         latest_eval.clear()
         latest_eval.update(scores)
         metrics = metrics | scores
-    records.append(step, timestamp, metrics, ledger)
+    records.append(step, timestamp, metrics, ledger, rollouts)
 
 
 def _checkpoint_refusal(

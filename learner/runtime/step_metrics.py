@@ -25,7 +25,9 @@ generated. `bias_*` measure it per step: trained mean minus the mean over every 
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -91,7 +93,7 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
     lengths = np.array([len(ids) for g in groups for ids in g.response_ids], dtype=np.float64)
     truncated = np.array([f == "length" for g in groups for f in g.finish_reasons])
     lags = np.array([step - g.policy_version for g in groups], dtype=np.float64)
-    return {
+    return token_lag_metrics(groups, step) | {
         M.REWARD_MEAN: float(rewards.mean()),
         M.REWARD_STD: float(rewards.std()),
         M.REWARD_GROUP_STD_MEAN: float(group_std.mean()),
@@ -103,6 +105,39 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
         M.STALENESS_MEAN: float(lags.mean()),
         M.STALENESS_MAX: float(lags.max()),
     }
+
+
+def token_lag_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
+    """Per-token staleness of the trained responses (`contract.metrics` staleness/token_*): each
+    token's lag is `step` minus the version that sampled it (rollout schema v3); NaN without
+    response tokens."""
+    versions = [v for g in groups for v in g.versions_per_token()]
+    lags = step - np.concatenate(versions).astype(np.int64) if versions else np.zeros(0)
+    spanning = [bool(v.size) and int(v[0]) != int(v[-1]) for v in versions]
+    if not lags.size:
+        nan = float("nan")
+        return {name: nan for name in _TOKEN_LAG_METRICS} | {
+            M.STALENESS_SPANNING_FRAC: float(np.mean(spanning)) if spanning else nan
+        }
+    return {
+        M.STALENESS_TOKEN_LAG_MEAN: float(lags.mean()),
+        M.STALENESS_TOKEN_LAG_MAX: float(lags.max()),
+        M.STALENESS_TOKENS_LAG0_FRAC: float((lags == 0).mean()),
+        M.STALENESS_TOKENS_LAG1_FRAC: float((lags == 1).mean()),
+        M.STALENESS_TOKENS_LAG2_FRAC: float((lags == 2).mean()),
+        M.STALENESS_TOKENS_LAG3PLUS_FRAC: float((lags >= 3).mean()),
+        M.STALENESS_SPANNING_FRAC: float(np.mean(spanning)),
+    }
+
+
+_TOKEN_LAG_METRICS = (
+    M.STALENESS_TOKEN_LAG_MEAN,
+    M.STALENESS_TOKEN_LAG_MAX,
+    M.STALENESS_TOKENS_LAG0_FRAC,
+    M.STALENESS_TOKENS_LAG1_FRAC,
+    M.STALENESS_TOKENS_LAG2_FRAC,
+    M.STALENESS_TOKENS_LAG3PLUS_FRAC,
+)
 
 
 def generated_tokens(groups: list[RolloutGroup]) -> float:
@@ -147,7 +182,41 @@ def perf_metrics(
     }
     if checkpoint_s is not None:
         metrics[M.PERF_CHECKPOINT_S] = checkpoint_s
+    learner_cpu = _LEARNER_CPU.share()
+    if learner_cpu is not None:
+        metrics[M.PERF_LEARNER_CPU_FRAC] = learner_cpu
     return metrics
+
+
+class CpuShare:
+    """perf/learner_cpu_frac: the share of its CPUs this process used between two calls.
+
+    CPU seconds (process_time: every thread, the background writers included) over wall
+    seconds x the CPUs the process may run on (its executor.cpu_sets set when pinned). The
+    window runs from the previous step's row to this one's, so it covers a whole step; the
+    first call of a trial has no window and gives None. A trial is this process and its
+    HARNESS_RUN_ID, which the supervisor gives its components: a warm learner process serves
+    several trials, and the time between them is no step's. Without one (a learner run in
+    process, as tests do) there is no component to measure: None.
+    """
+
+    def __init__(self) -> None:
+        self._last: tuple[tuple[int, str], float, float] | None = None
+
+    def share(self) -> float | None:
+        run_id = os.environ.get("HARNESS_RUN_ID")
+        if not run_id:
+            return None
+        key = (os.getpid(), run_id)
+        wall, cpu = time.perf_counter(), time.process_time()
+        last, self._last = self._last, (key, wall, cpu)
+        if last is None or last[0] != key or wall <= last[1]:
+            return None
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return (cpu - last[2]) / ((wall - last[1]) * max(cpus or 1, 1))
+
+
+_LEARNER_CPU = CpuShare()
 
 
 def entry_time(entry_id: str) -> float:

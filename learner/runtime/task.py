@@ -39,6 +39,9 @@ class LearnerTask:
     # Prompt index -> the prompt tokens its generator must have used; None: intake checks the
     # prompt index alone (learner.runtime.intake).
     prompt_ids: Callable[[int], Sequence[int]] | None = None
+    # Token ids -> text, for the rollout log's text columns (learner.runtime.records); None:
+    # they are left null. The harness supplies its tokenizer's, the learner imports none.
+    decode: TextDecoder | None = None
     # staleness.sync_every: generators take new weights only every this many steps
     # (buffer.tickets.synced_version), so groups may be up to sync_every - 1 versions staler.
     sync_every: int = 1
@@ -52,6 +55,15 @@ class LearnerTask:
     def total_steps(self) -> int:
         """The steps this run trains: `steps` when capped, else `learner.steps`."""
         return self.steps or self.learner.steps
+
+
+@dataclass(frozen=True)
+class TextDecoder:
+    """How the harness's tokenizer turns token ids into text (a port: the learner package knows
+    no tokenizer): `prompt` as rendered, `response` as the verifier read it."""
+
+    prompt: Callable[[Sequence[int]], str]
+    response: Callable[[Sequence[int]], str]
 
 
 class EvalPort(Protocol):

@@ -8,6 +8,7 @@ from analysis.render import (
     Block,
     column_order,
     format_number,
+    literal_markdown,
     markdown_table,
     to_html,
     wide_table,
@@ -75,3 +76,14 @@ def test_markdown_escapes_pipes_and_html_escapes_text() -> None:
     assert "a\\|b" in md and md.splitlines()[1] == "|---|---|---|---|"
     html = to_html([Block("h1", "<T>"), Block("p", "a & b")], "<T>")
     assert "&lt;T&gt;" in html and "a &amp; b" in html and "<T>" not in html
+
+
+def test_literal_text_is_a_code_span_whatever_it_holds() -> None:
+    """A completion is shown exactly: the fence outgrows its backticks, edge spaces and
+    backticks are padded (CommonMark strips one space a side), line breaks are marked."""
+    assert literal_markdown("46") == "`46`"
+    assert literal_markdown("a ``b`` c") == "```a ``b`` c```"
+    assert literal_markdown("`x`") == "`` `x` ``"
+    assert literal_markdown(" 4 ") == "`  4  `"
+    assert literal_markdown("a\r\nb\nc") == "`a⏎b⏎c`"
+    assert literal_markdown("") == "_(empty)_"

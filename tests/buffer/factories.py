@@ -151,4 +151,23 @@ MALFORMED: list[tuple[str, Callable[[], bytes], str]] = [
         lambda: encode_group(make_group(0, lengths=(SMALL_MESSAGE_LIMIT,))),
         "over the limit",
     ),
+    # Schema v3's per-token versions (a partial rollout's response spans versions).
+    (
+        "token-versions-length",
+        lambda: _with(token_versions=pa.array([[0, 0], [0]], INT_LISTS)),
+        "token_versions lengths",
+    ),
+    (
+        "token-versions-backwards",
+        lambda: _with(token_versions=pa.array([[0, 2, 1], [0]], INT_LISTS)),
+        "go backwards",
+    ),
+    (
+        "token-versions-older",
+        lambda: _with(
+            policy_version=pa.array([3, 3], pa.int64()),
+            token_versions=pa.array([[2, 3, 3], [3]], INT_LISTS),
+        ),
+        "older than the group's policy_version 3",
+    ),
 ]

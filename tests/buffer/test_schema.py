@@ -39,10 +39,12 @@ def test_schema_has_the_design_types() -> None:
         "routing_layers": pa.int32(),
         "routing_top_k": pa.int32(),
         "routed_experts": pa.list_(pa.int16()),
+        # Schema v3 (tests/buffer/test_schema_v3.py): the version of every response token.
+        "token_versions": pa.list_(pa.int32()),
     }
     assert {f.name: f.type for f in ROLLOUT_SCHEMA} == expected
     assert ROLLOUT_SCHEMA.names == list(expected)
-    assert ROLLOUT_SCHEMA.metadata == {b"gspo.schema_version": b"2"}
+    assert ROLLOUT_SCHEMA.metadata == {b"gspo.schema_version": b"3"}
 
 
 def test_round_trip_of_a_ragged_group() -> None:

@@ -58,7 +58,7 @@ def test_round_trip_with_routing() -> None:
 
 def test_routing_travels_flat_with_its_shape_per_row() -> None:
     batch = pa.ipc.open_stream(encode_group(routed_group())).read_next_batch()
-    assert batch.schema.metadata == {b"gspo.schema_version": b"2"}
+    assert batch.schema.metadata == {b"gspo.schema_version": b"3"}  # v2's columns, and v3's
     assert batch.column("routing_layers").to_pylist() == [2, 2]
     assert batch.column("routing_top_k").to_pylist() == [2, 2]
     flat = batch.column("routed_experts").to_pylist()
@@ -147,21 +147,21 @@ def test_v1_checks_still_apply() -> None:
         decode_group(data, expected_run_id=RUN_ID)
 
 
-@pytest.mark.parametrize("version", [b"3", b"0", b"two"])
+@pytest.mark.parametrize("version", [b"4", b"0", b"two"])
 def test_unknown_versions_are_refused_by_name(version: bytes) -> None:
     columns = pa.ipc.open_stream(encode_group(make_group(0))).read_next_batch()
     batch = columns.replace_schema_metadata({b"gspo.schema_version": version})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    with pytest.raises(RecordError, match=rf"version '{version.decode()}'.*versions 1, 2"):
+    with pytest.raises(RecordError, match=rf"version '{version.decode()}'.*versions 1, 2, 3"):
         decode_group(sink.getvalue().to_pybytes())
 
 
 def test_v2_metadata_on_v1_columns_is_a_schema_mismatch() -> None:
     batch = pa.ipc.open_stream(v1_bytes(make_group(0))).read_next_batch()
     columns = dict(zip(batch.schema.names, batch.columns, strict=True))
-    with pytest.raises(RecordError, match=r"schema mismatch \(version 2\).*missing"):
+    with pytest.raises(RecordError, match=r"schema mismatch \(version 3\).*missing"):
         decode_group(write_stream(columns))  # write_stream declares the current version
 
 
@@ -235,7 +235,7 @@ def test_malformed_routing_in_a_message(replacements: dict[str, pa.Array], reaso
 
 
 def test_schema_version_reads_the_metadata() -> None:
-    assert schema_version(ROLLOUT_SCHEMA) == 2
+    assert schema_version(ROLLOUT_SCHEMA) == 3
     assert schema_version(V1_SCHEMA) == 1
 
 

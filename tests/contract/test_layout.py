@@ -15,6 +15,7 @@ def test_trial_paths_are_the_documented_names() -> None:
     assert paths.resolved_config == root / "resolved_config.yaml"
     assert paths.prompts == root / "prompts.parquet"
     assert paths.metrics == root / "metrics.parquet"
+    assert paths.rollouts == root / "rollouts.parquet"
     assert paths.trained_groups == root / "trained_groups"
     assert paths.checkpoints == root / "checkpoints"
     assert paths.weights == root / "weights"

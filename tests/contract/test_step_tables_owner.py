@@ -1,7 +1,8 @@
-"""`contract.step_tables` is the one owner of the part files of `metrics.parquet/` and
-`evals.parquet/`: no module of analysis, buffer, harness or learner names, lists, writes or reads
-those parts itself. Checked statically on the source (docstrings excluded), precisely enough that
-other Parquet files (`summary.parquet`, `prompts.parquet`) never count."""
+"""`contract.step_tables` is the one owner of the part files of `metrics.parquet/`,
+`evals.parquet/` and `rollouts.parquet/`: no module of analysis, buffer, harness or learner
+names, lists, writes or reads those parts itself. Checked statically on the source (docstrings
+excluded), precisely enough that other Parquet files (`summary.parquet`, `prompts.parquet`)
+never count."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ PARQUET_IO = {
     "write_dataset",
     "write_to_dataset",
 }
-# What names a step-table directory in an expression: TrialPaths.metrics / .evals, the layout
-# constants, or the directory names spelled out.
-STEP_TABLE_ATTRS = {"metrics", "evals"}
-STEP_TABLE_NAMES = {"METRICS_DIR", "EVALS_DIR"}
-STEP_TABLE_DIRS = {"metrics.parquet", "evals.parquet"}
+# What names a step-table directory in an expression: TrialPaths.metrics / .evals / .rollouts,
+# the layout constants, or the directory names spelled out.
+STEP_TABLE_ATTRS = {"metrics", "evals", "rollouts"}
+STEP_TABLE_NAMES = {"METRICS_DIR", "EVALS_DIR", "ROLLOUTS_DIR"}
+STEP_TABLE_DIRS = {"metrics.parquet", "evals.parquet", "rollouts.parquet"}
 # Modules still handling parts themselves, each with why; an entry that no longer finds
 # anything fails the test, so the list only shrinks.
 KNOWN_EXCEPTIONS: set[str] = set()
@@ -102,6 +103,7 @@ def test_the_check_flags_part_handling_and_nothing_else() -> None:
     assert len(part_handling(r'_PART = re.compile(r"^part-(\d+)\.parquet$")')) == 1
     assert len(part_handling("t = ds.dataset(str(TrialPaths(d).metrics)).to_table()")) == 1
     assert len(part_handling("pq.read_table(trial / METRICS_DIR)")) == 1
+    assert len(part_handling("pq.read_table(TrialPaths(d).rollouts)")) == 1
     # other Parquet, and docs naming the layout, are not
     assert part_handling('frame.to_parquet(out / "summary.parquet")') == []
     assert part_handling("frame = pd.read_parquet(paths.prompts)") == []

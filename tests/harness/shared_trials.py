@@ -16,6 +16,7 @@ those of a k-step trial (`assert_same_metrics(..., steps=k)`).
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Hashable
@@ -113,13 +114,25 @@ GSPO_TWO_SEEDS = Experiment(
 )
 
 
+def pinned_cpu_sets() -> tuple[str, ...]:
+    """`executor.cpu_sets` putting the learner on the first CPU this process may use and the
+    generator on the second; none on a machine that lends fewer than 2."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return ()
+    return (f"executor.cpu_sets={{learner: '{cpus[0]}', generators: ['{cpus[1]}']}}",)
+
+
 # The vLLM generator's experiment: every objective (GSPO, GRPO, PPO with its critic, GSPO-token)
 # at fixed lags 0 and 1, 2 steps each (SMALL, both eval sets), one trial at a time in one slot
 # of warm component processes: the first trial starts the slot's vLLM engine, the other seven
 # keep it (reset to the initial weights). test_trial reads the arms' trials; test_warm_components
 # the kept engine; and both compare its GRPO lag-1 trial with a cold `harness trial` of the same
 # configuration (VLLM_GRPO_LAG1), bit for bit. Their evals run on the vLLM engine
-# (`eval.engine: generator`): its greedy and seeded sampling, between rollout rounds.
+# (`eval.engine: generator`): its greedy and seeded sampling, between rollout rounds. Its
+# learner and generator are pinned to disjoint CPUs (executor.cpu_sets, on 2 or more CPUs),
+# re-pinned at each of the eight trials of their warm processes: test_cpu_sets reads that;
+# pinning changes no result, so the cold, unpinned trial still matches bit for bit.
 VLLM_ARMS = Experiment(
     (
         *SMALL,
@@ -130,6 +143,7 @@ VLLM_ARMS = Experiment(
         "staleness.lags=[0, 1]",
         "tracking.enabled=false",
         "eval.engine=generator",  # the evals on the vLLM engine itself, as on GPUs
+        *pinned_cpu_sets(),
     ),
     steps=2,
     max_parallel=1,

@@ -9,6 +9,7 @@ import pytest
 from analysis.config import ReportConfig
 from harness.config import ConfigError, load_config, resolved_dump, validate_config
 from harness.overrides import apply_overrides, parse_override
+from learner.config import RolloutLogConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -264,6 +265,24 @@ def test_the_eval_engine_is_omitted_at_auto_and_kept_otherwise() -> None:
     assert validate_config(resolved_dump(chosen)) == chosen
     with pytest.raises(ConfigError, match=r"eval\.engine"):
         load_config(REPO / "configs/quickstart.yaml", ["eval.engine=learner"])
+
+
+def test_the_rollout_log_is_omitted_at_its_default_and_kept_otherwise() -> None:
+    """`learner.rollout_log` came after configs were written: its default (every step, every
+    group) keeps their hash; a sparser log is written and hashed; nonsense is refused."""
+    default = load_config(REPO / "configs/quickstart.yaml")
+    assert default.learner.rollout_log == RolloutLogConfig(every=1, share=1.0)
+    assert "rollout_log" not in resolved_dump(default)["learner"]
+    sparse = load_config(
+        REPO / "configs/quickstart.yaml",
+        ["learner.rollout_log.every=5", "learner.rollout_log.share=0.25"],
+    )
+    assert resolved_dump(sparse)["learner"]["rollout_log"] == {"every": 5, "share": 0.25}
+    assert sparse.config_hash() != default.config_hash()
+    assert validate_config(resolved_dump(sparse)) == sparse
+    for bad in ("learner.rollout_log.every=-1", "learner.rollout_log.share=0"):
+        with pytest.raises(ConfigError, match=r"learner\.rollout_log"):
+            load_config(REPO / "configs/quickstart.yaml", [bad])
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)

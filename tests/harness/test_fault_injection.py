@@ -24,6 +24,7 @@ import pytest
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from contract.trial import RESUMABLE_STATUSES
+from harness.experiment.trial_runs import read_rollouts
 from learner.runtime.metrics_log import GroupLedger
 from tests.harness.shared_trials import GRPO_LAG1, Recipe
 from tests.harness.trial_helpers import (
@@ -43,8 +44,12 @@ assert Recipe("grpo", STEPS, lag=LAG) == GRPO_LAG1  # the shared reference is th
 
 
 def _start(out: Path, resume: bool, mode: str = "fixed") -> subprocess.Popen:
+    # Bounded mode with partial rollouts: a generator killed mid-response loses the response
+    # it was continuing across versions, and its tickets are generated again.
+    partial = ("staleness.mode=bounded", "staleness.partial_rollouts=true")
+    partial = partial if mode == "bounded" else ()
     command = trial_command(
-        out, "grpo", steps=STEPS, lag=LAG, mode=mode, resume=resume, extra=EXTRA
+        out, "grpo", steps=STEPS, lag=LAG, mode=mode, resume=resume, extra=(*EXTRA, *partial)
     )
     return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -160,9 +165,17 @@ def test_every_component_killed_three_times_resumes_to_the_reference(
 @pytest.mark.slow
 def test_bounded_mode_survives_kills_of_every_component(tmp_path: Path) -> None:
     """Bounded mode is not bitwise reproducible (arrival order decides batches), so the check is
-    completion, exactly-once training and the lag bound, through two kills of each component."""
+    completion, exactly-once training and the lag bound, through two kills of each component;
+    with partial rollouts, every logged token's version within the group's start and the step's
+    version."""
     out = tmp_path / "bounded"
     kills = _kill_and_resume(out, "bounded", 2, seed=1)
     assert kills == Counter(dict.fromkeys(COMPONENTS, 2))
     _assert_trained_exactly_once(out)
     assert all(row["lag"] <= LAG for row in GroupLedger(out).read())
+    logged = read_rollouts(out).to_pandas()
+    assert len(logged) == STEPS * 4 * 4  # every trained sample (group_size 4), once
+    for row in logged.itertuples():
+        versions = list(row.token_versions)
+        assert versions == sorted(versions) and len(versions) == len(row.response_ids)
+        assert row.policy_version <= versions[0] and versions[-1] <= row.step - 1

@@ -21,7 +21,7 @@ from contract import metrics as M
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from harness.experiment.grid import classify_trial
-from harness.experiment.trial_runs import read_evals
+from harness.experiment.trial_runs import read_evals, read_rollouts
 from harness.launch.trials import PlannedTrial
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
 from learner.runtime.checkpoint import CheckpointStore
@@ -77,6 +77,25 @@ def reference_run(grpo_lag1: Path) -> Path:
     """An uninterrupted fixed-lag trial with the torch generator (the bitwise reference, through
     its first STEPS steps); shared, read-only."""
     return grpo_lag1
+
+
+def test_the_rollout_log_reads_back_the_trained_samples(reference_run: Path) -> None:
+    """The shared trial's rollout log (the default option: every step, every group), read by
+    the harness's reader: the groups of each step's ledger with every sample, the ledger's lag,
+    the group's version on every token, and text decoded by the trial's tokenizer: each prompt
+    as the trial's prompts.parquet renders it."""
+    log = read_rollouts(reference_run).to_pandas()
+    ledger = {(r["step"], r["group_id"]): r for r in GroupLedger(reference_run).read()}
+    assert sorted(set(zip(log["step"], log["group_id"], strict=True))) == sorted(ledger)
+    sizes = log.groupby(["step", "group_id"])["sample_index"].agg(["count", "max"])
+    assert sizes["count"].nunique() == 1 and (sizes["max"] == sizes["count"] - 1).all()
+    for row in log.itertuples(index=False):
+        assert row.lag == ledger[(row.step, row.group_id)]["lag"] == min(row.step - 1, 1)
+        assert list(row.token_versions) == [row.policy_version] * len(row.response_ids)
+        assert isinstance(row.response_text, str)
+    prompts = pd.read_parquet(TrialPaths(reference_run).prompts)
+    train = prompts[prompts["split"] == "train"]["prompt"].to_numpy()
+    assert (log["prompt_text"].to_numpy() == train[log["prompt_index"].to_numpy()]).all()
 
 
 def test_fixed_mode_is_bitwise_reproducible(reference_run: Path, tmp_path: Path) -> None:

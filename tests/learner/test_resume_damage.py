@@ -29,6 +29,7 @@ from harness.trial.learner_main import ResumeFailedError, resume_failures_as_one
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.loop import LearnerOutcome
 from learner.runtime.metrics_log import GroupLedger
+from learner.runtime.records import RolloutLog
 from tests.conftest import RedisInstance, start_test_redis, stop_test_redis
 from tests.harness.trial_helpers import deterministic_columns, metrics
 from tests.learner.learner_runs import fixed_task, run_on_redis
@@ -111,7 +112,7 @@ def _copy(finished: Finished, tmp_path: Path) -> Path:
 def _files(trial: Path) -> dict[str, tuple[bytes, int]]:
     """Every step file's bytes and modification time."""
     found = {}
-    for sub in ("metrics.parquet", "evals.parquet", "trained_groups"):
+    for sub in ("metrics.parquet", "evals.parquet", "rollouts.parquet", "trained_groups"):
         for path in sorted((trial / sub).glob("*")):
             found[f"{sub}/{path.name}"] = (path.read_bytes(), path.stat().st_mtime_ns)
     return found
@@ -129,6 +130,37 @@ def _assert_same_as_finished(finished: Finished, trial: Path) -> None:
     )
     assert _ledger(trial) == _ledger(finished.trial_dir)
     assert len(_ledger(trial)) == STEPS * PER_STEP
+    assert RolloutLog(trial).read().equals(RolloutLog(finished.trial_dir).read())
+
+
+def test_the_rollout_log_holds_every_trained_sample_of_every_step(finished: Finished) -> None:
+    """The default `learner.rollout_log` (every step, every group): each step's part holds
+    exactly the groups its ledger names, every sample of each, with the group's version on
+    every token and the lag of the ledger."""
+    log = RolloutLog(finished.trial_dir).read().to_pylist()
+    assert sorted({(r["step"], r["group_id"]) for r in log}) == sorted(_ledger(finished.trial_dir))
+    assert len(log) == STEPS * PER_STEP * GROUP_SIZE
+    ledger = {(r["step"], r["group_id"]): r for r in GroupLedger(finished.trial_dir).read()}
+    for row in log:
+        group = ledger[(row["step"], row["group_id"])]
+        assert row["lag"] == group["lag"] == 0 and row["policy_version"] == row["step"] - 1
+        assert row["token_versions"] == [row["policy_version"]] * len(row["response_ids"])
+        assert len(row["behavior_logprobs"]) == len(row["response_ids"])
+        assert row["response_text"] is None  # no decoder in a learner test
+
+
+def test_a_resume_drops_rollout_parts_newer_than_its_checkpoint(
+    finished: Finished, tmp_path: Path
+) -> None:
+    """A part past the checkpoint (a longer run killed before its next checkpoint) goes with
+    the metric rows past it; the vouched ones stay as they were."""
+    trial = _copy(finished, tmp_path)
+    (trial / "checkpoints/latest.json").unlink()  # resumes from step 4: nothing to train
+    stray = trial / "rollouts.parquet/part-000005.parquet"
+    shutil.copy(trial / "rollouts.parquet/part-000004.parquet", stray)
+    outcome = _run(finished, trial, "stray-rollouts", range(0), resume=True)
+    assert outcome.status == TrialStatus.COMPLETED and not stray.exists()
+    _assert_same_as_finished(finished, trial)
 
 
 def test_deleted_latest_json_resumes_from_the_newest_intact_checkpoint(
@@ -177,6 +209,7 @@ def _step_of(name: str) -> int:
         ("missing", "metrics.parquet/part-000001.parquet", 1),
         ("damaged", "metrics.parquet/part-000003.parquet", 3),
         ("missing", "trained_groups/step-000002.json", 2),
+        ("damaged", "rollouts.parquet/part-000003.parquet", 3),
     ],
 )
 def test_a_missing_or_damaged_step_file_fails_the_resume_in_one_line(

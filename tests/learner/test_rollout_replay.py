@@ -99,7 +99,9 @@ def test_cut_routing_by_hand() -> None:
     # row 1 stopped after R = 1 token: its later decode entries (pads) are dropped.
     prefill = torch.tensor([[0, 1, 2], [10, 11, 12]]).reshape(1, 2, 3, 1)
     decode = [torch.tensor([100 * j, 100 * j + 1]).reshape(1, 2, 1, 1) for j in (1, 2)]
-    rows = _cut_routing([prefill, *decode], prompt_lengths=[3, 1], lengths=[3, 1])
+    rows = _cut_routing(
+        [prefill, *decode], prompt_lengths=[3, 1], lengths=[3, 1], width=prefill.shape[2]
+    )
     assert [r.tolist() for r in rows] == [[[[0]], [[1]], [[2]], [[100]], [[200]]], [[[12]]]]
     assert all(r.dtype == np.int16 and r.flags.c_contiguous for r in rows)
 
