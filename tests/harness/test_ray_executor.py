@@ -359,7 +359,9 @@ def test_ray_with_a_bucket_keeps_each_component_in_its_own_working_copy(
     assert (learner_copy / "checkpoints/latest.json").is_file()
     assert not (generator_copy / "metrics.parquet").exists()
     fetched = sorted(p.name for p in (generator_copy / "weights").iterdir())
-    assert fetched and fetched[-1] == f"v{STEPS - 1:06d}"  # lag 0: the last batch used v(n-1)
+    # Lag 0: the last batch used v(n-1); the generator then ran the evals of the last version,
+    # v(n), which it fetched from the bucket too.
+    assert fetched[-2:] == [f"v{STEPS - 1:06d}", f"v{STEPS:06d}"]
 
     bucket = RemoteTree.open(s3_uri).child(f"trials/{name}")
     files = bucket.listing()
