@@ -130,9 +130,11 @@ PERF_LEARNER_CPU_FRAC: Final = "perf/learner_cpu_frac"
 # The learner step's parts, in seconds: wait = learner_step_s * learner_wait_frac (taking the
 # batch); train = collate + every minibatch update; publish = what the step blocks on to publish
 # its weights, the snapshot (the write, version notice and pruning run on a background thread,
-# learner.runtime.step_io); then, on the steps that have them, eval and checkpoint (outside
-# learner_step_s; a checkpoint first waits for the background writes). A checkpoint step's own
-# row is on disk before its checkpoint, so perf/checkpoint_s is logged on the step after it.
+# learner.runtime.step_io); then, on the steps that have them, checkpoint (outside
+# learner_step_s; a checkpoint first waits for the background writes) and eval_s: the seconds a
+# generator spent on the step's evals (it runs them, buffer.eval_requests; the learner trains on
+# meanwhile). A checkpoint step's own row is on disk before its checkpoint, so
+# perf/checkpoint_s is logged on the step after it.
 # benchmarks/trial_bench.py prints them per lag to find the critical path.
 PERF_LEARNER_TRAIN_S: Final = "perf/learner_train_s"
 PERF_WEIGHT_PUBLISH_S: Final = "perf/weight_publish_s"
