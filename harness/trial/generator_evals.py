@@ -14,7 +14,6 @@ samples for pass@k). Where the suite runs is `eval.engine`:
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +29,12 @@ from harness.generators.base import Generator
 from harness.generators.torch_backend import TorchGenerator
 from harness.models.tokenizer import load_tokenizer
 from harness.storage.remote_weights import WeightFetcher
+from harness.trial.fault_files import crash_if_armed
 
 # Fault injection for kill/restart tests: while the file this names exists and holds version v,
 # the generator that claims the eval request of v deletes it and exits abruptly holding the
 # request's lease (as a SIGKILL mid-eval would).
 FAULT_CRASH_EVAL_FILE_ENV = "HARNESS_FAULT_GENERATOR_CRASH_EVAL_FILE"
-FAULT_EXIT_CODE = 86
 
 
 @dataclass
@@ -74,7 +73,12 @@ class GeneratorEvals:
         """Answer every eval request there is now; returns the seconds spent."""
         spent = 0.0
         while (request_id := self.requests.claim(self.generator_id)) is not None:
-            _fault_crash_in_eval(request_version(request_id))
+            version = request_version(request_id)
+            crash_if_armed(
+                FAULT_CRASH_EVAL_FILE_ENV,
+                version.__eq__,
+                f"holding the eval request of version {version}",
+            )
             started = time.monotonic()
             report = self.evaluate(request_version(request_id), loaded)
             seconds = time.monotonic() - started
@@ -111,19 +115,3 @@ class GeneratorEvals:
                 dtype=torch.float32,
             )
         return self._copy
-
-
-def _fault_crash_in_eval(version: int) -> None:
-    """The FAULT_CRASH_EVAL_FILE_ENV hook; unlink is atomic, so one generator crashes per file."""
-    path = os.environ.get(FAULT_CRASH_EVAL_FILE_ENV)
-    if not path:
-        return
-    try:
-        with open(path) as handle:
-            if int(handle.read()) != version:
-                return
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    print(f"fault injection: exiting holding the eval request of version {version}", flush=True)
-    os._exit(FAULT_EXIT_CODE)

@@ -48,6 +48,7 @@ from harness.signals import SignalLatch, install
 from harness.storage.remote_weights import WeightFetcher
 from harness.storage.setup import setup_component_sync
 from harness.tasks.mixture import make_train_mixture
+from harness.trial.fault_files import crash_if_armed
 from harness.trial.generator_evals import GeneratorEvals, Loaded
 from harness.trial.weight_updates import PublishedUpdates
 
@@ -57,7 +58,6 @@ LOCATION_RESTORE_WAIT_S = 30.0
 # generator that claims t deletes it and exits abruptly holding the leases of its claim (as a
 # SIGKILL would).
 FAULT_CRASH_FILE_ENV = "HARNESS_FAULT_GENERATOR_CRASH_FILE"
-FAULT_EXIT_CODE = 86
 
 
 class GeneratorFatalError(RuntimeError):
@@ -228,22 +228,6 @@ def push_round(
         ) from None
 
 
-def _fault_crash_after_claim(claimed: list[int]) -> None:
-    """The FAULT_CRASH_FILE_ENV hook; unlink is atomic, so one generator crashes per file."""
-    path = os.environ.get(FAULT_CRASH_FILE_ENV)
-    if not path:
-        return
-    try:
-        with open(path) as handle:
-            if int(handle.read()) not in claimed:
-                return
-        os.unlink(path)
-    except FileNotFoundError:
-        return
-    print(f"fault injection: exiting holding tickets {claimed}", flush=True)
-    os._exit(FAULT_EXIT_CODE)
-
-
 def _restored_location(versions: VersionRegistry, version: int, batch_index: int) -> str:
     """The location of `version` once a resume restored it from the weight store (the supervisor
     does before generators start, a learner when it resumes); GeneratorFatalError after
@@ -387,7 +371,7 @@ def _generate(
             stats.idle_s += time.monotonic() - idle_from
             buffer.report_generator_stats(generator_id, stats.as_metrics())
             continue
-        _fault_crash_after_claim(claimed)
+        crash_if_armed(FAULT_CRASH_FILE_ENV, claimed.__contains__, f"holding tickets {claimed}")
         batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
         sync_every = cfg.staleness.sync_every
         want = (

@@ -7,17 +7,20 @@ run, so a second call acts as a restarted learner process (no state from the fir
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
 from buffer.consumer import RolloutConsumer
+from buffer.schema import RolloutGroup, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
 from learner.config import ArmBase, LearnerConfig
 from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
+from tests.learner.tiny import random_groups
 
 
 def fixed_task(
@@ -42,6 +45,22 @@ def fixed_task(
         model_dir=model_dir,
         trial_dir=trial_dir,
         take_timeout_s=take_timeout_s,
+    )
+
+
+def pushed_group(
+    run_id: str, seed: int, *, batch: int, prompt: int, version: int, group_size: int, draw: int
+) -> RolloutGroup:
+    """A random group (`random_groups`, drawn with seed `draw`) as a generator of run `run_id`
+    pushes it: prompt `prompt` of batch `batch`, sampled by `version`, its id from the trial
+    `seed`."""
+    [group] = random_groups(1, group_size, seed=draw)
+    return dataclasses.replace(
+        group,
+        run_id=run_id,
+        group_id=make_group_id(seed, batch, prompt),
+        prompt_index=prompt,
+        policy_version=version,
     )
 
 

@@ -19,20 +19,21 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.loop import LearnerTask
 from learner.runtime.metrics_log import GroupLedger
 from tests.buffer.run_state import counter, xadd_unchecked
-from tests.learner.learner_runs import fixed_task, run_on_redis
-from tests.learner.tiny import random_groups, save_tiny_policy
+from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
+from tests.learner.tiny import save_tiny_policy
 
 RUN, SEED, PER_STEP, GROUP_SIZE = "intake-run", 7, 2, 4
 
 
 def _group(batch: int, prompt: int, version: int, seed: int = 0):
-    [group] = random_groups(1, GROUP_SIZE, seed=seed + prompt)
-    return dataclasses.replace(
-        group,
-        run_id=RUN,
-        group_id=make_group_id(SEED, batch, prompt),
-        prompt_index=prompt,
-        policy_version=version,
+    return pushed_group(
+        RUN,
+        SEED,
+        batch=batch,
+        prompt=prompt,
+        version=version,
+        group_size=GROUP_SIZE,
+        draw=seed + prompt,
     )
 
 

@@ -6,19 +6,17 @@ shared trial of tests/learner/test_resume_damage.py."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from buffer.producer import RolloutProducer
-from buffer.schema import make_group_id
 from contract.rollout_log import is_logged_group
 from contract.trial import TrialStatus
 from learner.config import LearnerConfig, RolloutLogConfig, make_arm
 from learner.runtime.metrics_log import GroupLedger
 from learner.runtime.records import RolloutLog
 from learner.runtime.task import TextDecoder
-from tests.learner.learner_runs import fixed_task, run_on_redis
-from tests.learner.tiny import random_groups, save_tiny_policy
+from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
+from tests.learner.tiny import save_tiny_policy
 
 RUN, SEED, PER_STEP, GROUP_SIZE, STEPS = "rollout-log", 7, 4, 2, 4
 SHARE = 0.5
@@ -36,13 +34,14 @@ def test_every_and_share_pick_the_steps_and_groups_and_the_text_is_decoded(
     producer = RolloutProducer(client, RUN)
     for batch in range(STEPS):  # fixed mode, lag 0: batch k = prompts 4k..4k+3, version k
         for prompt in range(PER_STEP * batch, PER_STEP * (batch + 1)):
-            [group] = random_groups(1, GROUP_SIZE, seed=prompt)
-            group = dataclasses.replace(
-                group,
-                run_id=RUN,
-                group_id=make_group_id(SEED, batch, prompt),
-                prompt_index=prompt,
-                policy_version=batch,
+            group = pushed_group(
+                RUN,
+                SEED,
+                batch=batch,
+                prompt=prompt,
+                version=batch,
+                group_size=GROUP_SIZE,
+                draw=prompt,
             )
             producer.push(group, batch_index=batch)
     option = RolloutLogConfig(every=2, share=SHARE)

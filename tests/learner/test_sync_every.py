@@ -13,7 +13,6 @@ import pytest
 
 from buffer.connection import RunKeys
 from buffer.producer import RolloutProducer
-from buffer.schema import make_group_id
 from buffer.tickets import fixed_policy_version, synced_version
 from contract import metrics as M
 from contract.trial import TrialStatus
@@ -21,8 +20,8 @@ from harness.config import ConfigError, load_config, resolved_dump
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.loop import LearnerTask
 from learner.runtime.metrics_log import GroupLedger, MetricsLog
-from tests.learner.learner_runs import fixed_task, run_on_redis
-from tests.learner.tiny import random_groups, save_tiny_policy
+from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
+from tests.learner.tiny import save_tiny_policy
 
 REPO = Path(__file__).resolve().parents[2]
 RUN, SEED, PER_STEP, GROUP_SIZE = "sync-run", 3, 2, 4
@@ -49,13 +48,8 @@ def test_the_option_is_checked_by_name_and_omitted_at_its_default() -> None:
 
 
 def _group(batch: int, prompt: int, version: int):
-    [group] = random_groups(1, GROUP_SIZE, seed=prompt)
-    return dataclasses.replace(
-        group,
-        run_id=RUN,
-        group_id=make_group_id(SEED, batch, prompt),
-        prompt_index=prompt,
-        policy_version=version,
+    return pushed_group(
+        RUN, SEED, batch=batch, prompt=prompt, version=version, group_size=GROUP_SIZE, draw=prompt
     )
 
 

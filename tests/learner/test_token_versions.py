@@ -12,27 +12,22 @@ import pytest
 
 from buffer.connection import RunKeys
 from buffer.producer import RolloutProducer
-from buffer.schema import make_group_id
 from contract import metrics as M
 from contract.trial import TrialStatus
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.metrics_log import MetricsLog
 from learner.runtime.step_metrics import token_lag_metrics
-from tests.learner.learner_runs import fixed_task, run_on_redis
-from tests.learner.tiny import random_groups, save_tiny_policy
+from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
+from tests.learner.tiny import save_tiny_policy
 
 RUN, SEED, PER_STEP, GROUP_SIZE = "versions-run", 5, 2, 4
 
 
 def _group(batch: int, prompt: int, version: int, token_versions=None, suffix: str = ""):
-    [group] = random_groups(1, GROUP_SIZE, seed=prompt)
-    group = dataclasses.replace(
-        group,
-        run_id=RUN,
-        group_id=make_group_id(SEED, batch, prompt) + suffix,
-        prompt_index=prompt,
-        policy_version=version,
+    group = pushed_group(
+        RUN, SEED, batch=batch, prompt=prompt, version=version, group_size=GROUP_SIZE, draw=prompt
     )
+    group = dataclasses.replace(group, group_id=group.group_id + suffix)
     if token_versions is None:
         return group
     versions = [token_versions(len(r)) for r in group.response_ids]
