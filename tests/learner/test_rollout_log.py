@@ -15,7 +15,7 @@ from learner.config import LearnerConfig, RolloutLogConfig, make_arm
 from learner.runtime.metrics_log import GroupLedger
 from learner.runtime.records import RolloutLog
 from learner.runtime.task import TextDecoder
-from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
+from tests.learner.learner_runs import fixed_task, push_lag0_batches, run_on_redis
 from tests.learner.tiny import save_tiny_policy
 
 RUN, SEED, PER_STEP, GROUP_SIZE, STEPS = "rollout-log", 7, 4, 2, 4
@@ -32,18 +32,7 @@ def test_every_and_share_pick_the_steps_and_groups_and_the_text_is_decoded(
 ) -> None:
     client = redis_server.client()
     producer = RolloutProducer(client, RUN)
-    for batch in range(STEPS):  # fixed mode, lag 0: batch k = prompts 4k..4k+3, version k
-        for prompt in range(PER_STEP * batch, PER_STEP * (batch + 1)):
-            group = pushed_group(
-                RUN,
-                SEED,
-                batch=batch,
-                prompt=prompt,
-                version=batch,
-                group_size=GROUP_SIZE,
-                draw=prompt,
-            )
-            producer.push(group, batch_index=batch)
+    push_lag0_batches(producer, RUN, SEED, range(STEPS), per_step=PER_STEP, group_size=GROUP_SIZE)
     option = RolloutLogConfig(every=2, share=SHARE)
     task = fixed_task(
         make_arm(name="grpo", objective="grpo"),

@@ -17,11 +17,9 @@ from buffer.tickets import fixed_policy_version, synced_version
 from contract import metrics as M
 from contract.trial import TrialStatus
 from harness.config import ConfigError, load_config, resolved_dump
-from learner.config import LearnerConfig, make_arm
 from learner.runtime.loop import LearnerTask
 from learner.runtime.metrics_log import GroupLedger, MetricsLog
-from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
-from tests.learner.tiny import save_tiny_policy
+from tests.learner.learner_runs import grpo_task, pushed_group, run_on_redis
 
 REPO = Path(__file__).resolve().parents[2]
 RUN, SEED, PER_STEP, GROUP_SIZE = "sync-run", 3, 2, 4
@@ -54,16 +52,10 @@ def _group(batch: int, prompt: int, version: int):
 
 
 def _task(tmp_path: Path, *, steps: int, mode: str = "fixed", lag: int = 0) -> LearnerTask:
-    task = fixed_task(
-        make_arm(name="grpo", objective="grpo"),
-        LearnerConfig(steps=steps, prompts_per_step=PER_STEP, checkpoint_every=2),
-        seed=SEED,
-        group_size=GROUP_SIZE,
-        model_dir=save_tiny_policy(tmp_path / "model"),
-        trial_dir=tmp_path / "trial",
-        take_timeout_s=10,
-    )
-    return dataclasses.replace(task, mode=mode, lag=lag, sync_every=2)
+    return grpo_task(
+        tmp_path, seed=SEED, per_step=PER_STEP, group_size=GROUP_SIZE, steps=steps,
+        mode=mode, lag=lag, sync_every=2,
+    )  # fmt: skip
 
 
 def test_fixed_mode_trains_the_synced_versions_and_refuses_every_step_versions(

@@ -14,11 +14,9 @@ from buffer.connection import RunKeys
 from buffer.producer import RolloutProducer
 from contract import metrics as M
 from contract.trial import TrialStatus
-from learner.config import LearnerConfig, make_arm
 from learner.runtime.metrics_log import MetricsLog
 from learner.runtime.step_metrics import token_lag_metrics
-from tests.learner.learner_runs import fixed_task, pushed_group, run_on_redis
-from tests.learner.tiny import save_tiny_policy
+from tests.learner.learner_runs import grpo_task, pushed_group, run_on_redis
 
 RUN, SEED, PER_STEP, GROUP_SIZE = "versions-run", 5, 2, 4
 
@@ -62,16 +60,10 @@ def test_token_lag_metrics_by_hand() -> None:
 
 
 def _task(tmp_path: Path, mode: str, lag: int, steps: int):
-    task = fixed_task(
-        make_arm(name="grpo", objective="grpo"),
-        LearnerConfig(steps=steps, prompts_per_step=PER_STEP, checkpoint_every=2),
-        seed=SEED,
-        group_size=GROUP_SIZE,
-        model_dir=save_tiny_policy(tmp_path / "model"),
-        trial_dir=tmp_path / "trial",
-        take_timeout_s=10,
-    )
-    return dataclasses.replace(task, mode=mode, lag=lag)
+    return grpo_task(
+        tmp_path, seed=SEED, per_step=PER_STEP, group_size=GROUP_SIZE, steps=steps,
+        mode=mode, lag=lag,
+    )  # fmt: skip
 
 
 def _reasons(client) -> list[str]:
