@@ -38,10 +38,10 @@ from harness.config_evals import (
     resolve_eval_sets,
     resolve_train_tasks,
 )
+from harness.config_executor import ExecutorConfig
 from harness.config_sections import (
     UNREPRODUCIBLE_SAMPLING,
     BuiltinTokenizer,
-    ExecutorConfig,
     GenerationConfig,
     GeneratorBackend,
     Gsm8kMode,

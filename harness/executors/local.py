@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.config import ExperimentConfig
-from harness.config_sections import CpuSets
+from harness.config_executor import CpuSets
 from harness.executors.base import TrialPool
 from harness.launch.affinity import check_cpu_sets, component_cpus
 from harness.launch.pool import SubprocessTrialPool

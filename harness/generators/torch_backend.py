@@ -37,7 +37,7 @@ from harness.generators.base import (
     set_torch_threads,
 )
 from learner.algorithms.sampling_dist import processed_logprobs
-from learner.runtime.moe import capture_routing, router_modules
+from learner.runtime.moe_hooks import capture_routing, router_modules
 
 # Rows (samples) decoded together; bounds the KV cache of one batch.
 DEFAULT_MAX_BATCH_ROWS = 256

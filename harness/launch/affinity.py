@@ -23,7 +23,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from harness.config_sections import CpuSets
+from harness.config_executor import CpuSets
 from harness.cpu_lists import format_cpu_list
 from harness.overrides import ConfigError
 

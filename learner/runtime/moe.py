@@ -32,11 +32,10 @@ Routing replay comes in two flavours (`ArmConfig.routing_replay`):
   learner's log-probs are taken on the sampler's sub-network and the training-inference routing
   mismatch is removed; the gates stay differentiable through the learner's router.
 
-Both work through forward hooks on the router modules, so transformers is not patched and the
-hooks vanish when the context exits. Supported routers are those whose forward is "softmax over
-experts, top-k, optional renormalisation" and returns `(router_logits, scores, indices)`: the
-Qwen3-MoE and Qwen2-MoE `TopKRouter`s of transformers 5 (`modeling_qwen3_moe.py`). A model with
-none of them is treated as dense.
+Both work through forward hooks on the router modules (`learner.runtime.moe_hooks`: capture
+and replay, and which routers are supported); the metrics are pure functions of the captured
+tensors (`learner.runtime.moe_metrics`). This module keeps a step's routing records and their
+assembly from micro-batches, and re-exports the other two.
 """
 
 from __future__ import annotations
@@ -45,40 +44,62 @@ import contextlib
 import math
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from contract import metrics as M
-from learner.algorithms.masking import masked_mean
+from learner.runtime.moe_hooks import (
+    ROUTER_TYPES,
+    Routing,
+    RoutingRecorder,
+    capture_routing,
+    is_moe,
+    replay_experts,
+    replay_routing,
+    replayed_scores,
+    router_entropy,
+    router_modules,
+)
+from learner.runtime.moe_metrics import (
+    load_imbalance_per_layer,
+    masked_mean_per_layer,
+    predicting_positions,
+    router_entropy_per_layer,
+    routing_change_per_layer,
+)
 from learner.runtime.update import MicroBatch, take
 from learner.vocabulary import RoutingReplay
 
+__all__ = [  # the hooks and the metric functions live next door, re-exported here
+    "MOE_METRICS",
+    "ROLLOUT_METRICS",
+    "ROUTER_TYPES",
+    "PartContext",
+    "Routing",
+    "RoutingRecorder",
+    "StepRouting",
+    "blank_routing",
+    "capture_routing",
+    "is_moe",
+    "is_whole",
+    "load_imbalance_per_layer",
+    "masked_mean_per_layer",
+    "no_part_context",
+    "place",
+    "predicting_positions",
+    "replay_experts",
+    "replay_routing",
+    "replayed_scores",
+    "router_entropy",
+    "router_entropy_per_layer",
+    "router_modules",
+    "routing_change_per_layer",
+    "routing_metrics",
+]
+
 MOE_METRICS = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC)
 ROLLOUT_METRICS = (M.MOE_ROLLOUT_ROUTING_MISMATCH,)  # only when the batch carries routing
-# Routers with the softmax -> top-k -> renormalise contract `replayed_scores` reproduces.
-ROUTER_TYPES: tuple[type[nn.Module], ...] = (Qwen3MoeTopKRouter, Qwen2MoeTopKRouter)
-
-
-@dataclass(frozen=True)
-class Routing:
-    """Per-layer routing of one forward, reshaped to the batch: what replay and the metrics read.
-
-    The router logits themselves are not kept: the metrics need only each token's entropy."""
-
-    indices: Tensor  # (layers, B, L, k) chosen experts, int64, in the router's order
-    entropy: Tensor  # (layers, B, L) router entropy per token (nats), float32
-    num_experts: int  # E, the router's output width
-
-    def rows(self, rows: Tensor, width: int | None = None) -> Routing:
-        """The routing of a subset of batch rows (a minibatch), cut to their first `width`
-        positions (a micro-batch trimmed to its longest row; None: all)."""
-        cut = (slice(None), rows, slice(None, width))
-        return Routing(self.indices[cut], self.entropy[cut], self.num_experts)
 
 
 def blank_routing(like: Routing, batch: int, length: int) -> Routing:
@@ -104,194 +125,6 @@ def place(whole: Routing, piece: Routing, part: MicroBatch) -> None:
     width = piece.indices.shape[2]
     whole.indices[:, part.rows, :width] = piece.indices.to(whole.indices.device)
     whole.entropy[:, part.rows, :width] = piece.entropy.to(whole.entropy.device)
-
-
-def router_modules(model: nn.Module) -> list[nn.Module]:
-    """The model's supported routers, in forward (layer) order."""
-    return [module for module in model.modules() if isinstance(module, ROUTER_TYPES)]
-
-
-def is_moe(model: nn.Module) -> bool:
-    return bool(router_modules(model))
-
-
-def router_entropy(logits: Tensor) -> Tensor:
-    """Entropy (nats) of the router's softmax over experts, per token: (..., E) -> (...) float32.
-
-    The arithmetic `moe/router_entropy` has always used (float32 log-softmax, -sum p log p), so
-    a token's value does not depend on whether it is reduced in the hook or from kept logits."""
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (..., E)
-    return -(log_probs.exp() * log_probs).sum(-1)
-
-
-class RoutingRecorder:
-    """Filled by `capture_routing` during one forward; `routing(B, L)` reads it back."""
-
-    def __init__(self, n_layers: int) -> None:
-        self._entropy: list[Tensor | None] = [None] * n_layers
-        self._indices: list[Tensor | None] = [None] * n_layers
-        self._experts = 0
-
-    def record(self, layer: int, logits: Tensor, indices: Tensor) -> None:
-        """Keep the layer's chosen experts and its per-token entropy; the logits are dropped
-        here, so a capture holds 8 k + 4 bytes a token a layer, not also 4 E."""
-        if self._indices[layer] is not None:
-            raise RuntimeError(
-                f"router of MoE layer {layer} ran twice under one capture_routing; capture "
-                "exactly one forward per context"
-            )
-        self._entropy[layer] = router_entropy(logits.detach())  # (N,), N = B * L
-        self._indices[layer] = indices.detach()  # (N, k)
-        self._experts = int(logits.shape[-1])
-
-    def routing(self, batch: int, length: int) -> Routing:
-        entropy = [t for t in self._entropy if t is not None]
-        return Routing(
-            self.indices(batch, length),
-            torch.stack([t.reshape(batch, length) for t in entropy]),  # (layers, B, L)
-            self._experts,
-        )
-
-    def indices(self, batch: int, length: int) -> Tensor:
-        """Only the chosen experts (layers, B, L, k): what a generator records per token."""
-        indices = [t for t in self._indices if t is not None]
-        if not indices or len(indices) != len(self._indices):
-            raise RuntimeError("capture_routing saw no complete forward of the model")
-        return torch.stack([t.reshape(batch, length, -1) for t in indices])
-
-
-@contextmanager
-def capture_routing(model: nn.Module) -> Iterator[RoutingRecorder]:
-    """Record every router's top-k indices and per-token entropy during the one forward run
-    inside (`RoutingRecorder.record`)."""
-    routers = router_modules(model)
-    recorder = RoutingRecorder(len(routers))
-    handles = []
-    for layer, router in enumerate(routers):
-
-        def hook(_m: nn.Module, _args: object, output: tuple, layer: int = layer) -> None:
-            logits, _scores, indices = output
-            recorder.record(layer, logits, indices)
-
-        handles.append(router.register_forward_hook(hook))
-    try:
-        yield recorder
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def replayed_scores(router_logits: Tensor, indices: Tensor, norm_topk_prob: bool) -> Tensor:
-    """Gates of given experts under the current router, as the router computes its own.
-
-    Mirrors `Qwen3MoeTopKRouter.forward`: probs = softmax(logits) in float32 over all experts,
-    the chosen experts' probs, divided by their sum when `norm_topk_prob`. For the router's own
-    top-k indices `gather` returns exactly `topk`'s values, so the result is bitwise identical;
-    gradients reach the router weights through `router_logits`, as without replay.
-    """
-    probs = F.softmax(router_logits, dtype=torch.float, dim=-1)  # (N, E)
-    gates = probs.gather(-1, indices)  # (N, k)
-    if norm_topk_prob:
-        gates = gates / gates.sum(dim=-1, keepdim=True)
-    return gates.to(router_logits.dtype)
-
-
-def replay_routing(model: nn.Module, routing: Routing) -> AbstractContextManager[None]:
-    """Forwards inside use `routing.indices` as every layer's top-k experts.
-
-    `routing` must have the batch shape of the forward (select minibatch rows with
-    `Routing.rows`); a mismatch raises instead of replaying another token's experts.
-    """
-    return replay_experts(model, routing.indices)
-
-
-@contextmanager
-def replay_experts(model: nn.Module, experts: Tensor) -> Iterator[None]:
-    """Forwards inside route token (b, p) of layer l to `experts[l, b, p]` (layers, B, L, k)."""
-    routers = router_modules(model)
-    if len(routers) != experts.shape[0]:
-        raise ValueError(
-            f"replay_routing: routing has {experts.shape[0]} layers, the model "
-            f"{len(routers)} routers; capture it from the same model"
-        )
-    handles = []
-    for layer, router in enumerate(routers):
-        indices = experts[layer].reshape(-1, experts.shape[-1])  # (N, k)
-
-        def hook(
-            module: nn.Module, _args: object, output: tuple, indices: Tensor = indices
-        ) -> tuple[Tensor, Tensor, Tensor]:
-            logits = output[0]  # (N, E)
-            if logits.shape[0] != indices.shape[0]:
-                raise ValueError(
-                    f"replay_routing: forward routes {logits.shape[0]} tokens, the replayed "
-                    f"routing holds {indices.shape[0]}; pass Routing.rows(...) of this batch"
-                )
-            replayed = indices.to(logits.device)
-            return logits, replayed_scores(logits, replayed, module.norm_topk_prob), replayed
-
-        handles.append(router.register_forward_hook(hook))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def load_imbalance_per_layer(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:
-    """max / mean tokens per expert over masked tokens, per layer [layers]; 1 = perfectly even.
-
-    indices (layers, B, L, k); mask (B, L). Each token counts once for each of its k experts,
-    so the mean load is tokens * k / E (Switch Transformer's notion of load, Fedus et al. 2021).
-    """
-    chosen = indices[:, mask.bool()]  # (layers, n, k)
-    flat = chosen.reshape(chosen.shape[0], -1).cpu()  # (layers, n * k), counted on the host
-    counts = torch.zeros(flat.shape[0], num_experts, dtype=torch.float64)  # (layers, E)
-    counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
-    return counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-12)
-
-
-def masked_mean_per_layer(values: Tensor, mask: Tensor) -> Tensor:
-    """values (layers, B, L) averaged over the masked tokens (B, L), per layer [layers]."""
-    return torch.stack([masked_mean(layer, mask) for layer in values])
-
-
-def router_entropy_per_layer(logits: Tensor, mask: Tensor) -> Tensor:
-    """Mean entropy (nats) of the router's softmax over experts, masked tokens, per layer, from
-    logits (layers, B, L, E); the step reads the per-token entropy its capture kept instead."""
-    return masked_mean_per_layer(router_entropy(logits), mask)
-
-
-def routing_change_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
-    """Fraction of masked tokens whose top-k expert *set* differs, per layer [layers].
-
-    Sets, not sequences: topk orders experts by gate value, and a swap of order routes the token
-    through the same sub-network. One layer at a time, so the sorted copies are a layer's, not
-    the batch record's (at the step's scale that is what the `moe/*` computation peaks on).
-    """
-    return torch.stack(
-        [
-            masked_mean(_set_changed(old_layer, new_layer).float(), mask)
-            for old_layer, new_layer in zip(old, new, strict=True)
-        ]
-    )
-
-
-def _set_changed(old: Tensor, new: Tensor) -> Tensor:
-    """(B, L) True where the top-k expert sets (B, L, k) differ."""
-    return (old.sort(dim=-1).values != new.sort(dim=-1).values).any(dim=-1)
-
-
-def predicting_positions(response_mask: Tensor) -> Tensor:
-    """Positions whose forward scores a response token: p - 1 for every response token p.
-
-    The logprob of token p is read from the output at position p - 1 (`learner.runtime.forward`), so
-    these are the positions whose routing the ratio pi_theta(y_t) / pi_old(y_t) depends on
-    directly; the last response token's own position predicts nothing that is trained.
-    """
-    shifted = torch.zeros_like(response_mask)  # (B, L)
-    shifted[:, :-1] = response_mask[:, 1:]
-    return shifted
 
 
 def routing_metrics(

@@ -1,0 +1,69 @@
+"""The `moe/*` step metrics as pure functions of routing tensors (hand-worked in the tests):
+load imbalance, router entropy and routing change, per layer over masked positions.
+
+`learner.runtime.moe.routing_metrics` averages them over layers for a step.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from learner.algorithms.masking import masked_mean
+from learner.runtime.moe_hooks import router_entropy
+
+
+def load_imbalance_per_layer(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:
+    """max / mean tokens per expert over masked tokens, per layer [layers]; 1 = perfectly even.
+
+    indices (layers, B, L, k); mask (B, L). Each token counts once for each of its k experts,
+    so the mean load is tokens * k / E (Switch Transformer's notion of load, Fedus et al. 2021).
+    """
+    chosen = indices[:, mask.bool()]  # (layers, n, k)
+    flat = chosen.reshape(chosen.shape[0], -1).cpu()  # (layers, n * k), counted on the host
+    counts = torch.zeros(flat.shape[0], num_experts, dtype=torch.float64)  # (layers, E)
+    counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
+    return counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-12)
+
+
+def masked_mean_per_layer(values: Tensor, mask: Tensor) -> Tensor:
+    """values (layers, B, L) averaged over the masked tokens (B, L), per layer [layers]."""
+    return torch.stack([masked_mean(layer, mask) for layer in values])
+
+
+def router_entropy_per_layer(logits: Tensor, mask: Tensor) -> Tensor:
+    """Mean entropy (nats) of the router's softmax over experts, masked tokens, per layer, from
+    logits (layers, B, L, E); the step reads the per-token entropy its capture kept instead."""
+    return masked_mean_per_layer(router_entropy(logits), mask)
+
+
+def routing_change_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
+    """Fraction of masked tokens whose top-k expert *set* differs, per layer [layers].
+
+    Sets, not sequences: topk orders experts by gate value, and a swap of order routes the token
+    through the same sub-network. One layer at a time, so the sorted copies are a layer's, not
+    the batch record's (at the step's scale that is what the `moe/*` computation peaks on).
+    """
+    return torch.stack(
+        [
+            masked_mean(_set_changed(old_layer, new_layer).float(), mask)
+            for old_layer, new_layer in zip(old, new, strict=True)
+        ]
+    )
+
+
+def _set_changed(old: Tensor, new: Tensor) -> Tensor:
+    """(B, L) True where the top-k expert sets (B, L, k) differ."""
+    return (old.sort(dim=-1).values != new.sort(dim=-1).values).any(dim=-1)
+
+
+def predicting_positions(response_mask: Tensor) -> Tensor:
+    """Positions whose forward scores a response token: p - 1 for every response token p.
+
+    The logprob of token p is read from the output at position p - 1 (`learner.runtime.forward`), so
+    these are the positions whose routing the ratio pi_theta(y_t) / pi_old(y_t) depends on
+    directly; the last response token's own position predicts nothing that is trained.
+    """
+    shifted = torch.zeros_like(response_mask)  # (B, L)
+    shifted[:, :-1] = response_mask[:, 1:]
+    return shifted
