@@ -1,8 +1,9 @@
 """Eval requests: the learner asks for the evals of a published version, a generator runs them.
 
 Why: evals run where the weights already are (the generators' engines), so no learner rank holds
-a second copy of the policy (the GSPO paper's Qwen3-30B-A3B on 8 x 80 GB fits only this way; peers
-validate through their rollout workers too). The learner records the results; it never evaluates.
+a second copy of the policy (for the GSPO paper's Qwen3-30B-A3B on 8 x 80 GB that copy made the
+evals the step's largest pass, 113.7 GiB per GPU by `harness plan`; peers validate through their
+rollout workers too). The learner records the results; it never evaluates.
 
 The protocol mirrors the work tickets (`buffer.tickets`): a request is a member of a sorted set
 scored by its lease expiry on the Redis clock (0 = free). A generator claims the lowest version
