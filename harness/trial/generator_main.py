@@ -91,6 +91,7 @@ class GeneratorStats:
             M.PERF_WEIGHT_SYNC_S: self.sync_s / max(self.syncs, 1),
             M.PERF_GEN_CPU_FRAC: self.cpu_frac(elapsed),
             "groups": float(self.groups),
+            "eval_s": self.eval_s,  # with groups, in the telemetry hash and the final log line
         }
 
     def cpu_frac(self, elapsed: float) -> float:
@@ -150,7 +151,7 @@ class GroupMaker:
             scored = [component.reward_fn(text, prompt.ground_truth) for text in texts]
             stats.tokens += sum(len(ids) for ids in result.response_ids)
             versions = result.token_versions
-            started = min((v[0] for v in versions if v), default=version) if versions else version
+            start = min((v[0] for v in versions if v), default=version) if versions else version
             created_at = datetime.now(UTC)
             groups.append(
                 RolloutGroup(
@@ -163,7 +164,7 @@ class GroupMaker:
                     rewards=[float(reward) for reward, _ in scored],
                     reward_infos=[json.dumps(info, sort_keys=True) for _, info in scored],
                     finish_reasons=result.finish_reasons,
-                    policy_version=started,
+                    policy_version=start,
                     generator_id=self.generator_id,
                     created_at=created_at,
                     # min: a wall-clock step back during generation must not void the record

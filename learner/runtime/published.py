@@ -47,7 +47,7 @@ class PublishedWeights:
         self.sharded = is_sharded(self.policy)
         self.dist = dist
         self.dtype = DTYPES[cfg.dtype]
-        self.model_dir, self.device = model_dir, cfg.device
+        self.model_dir = model_dir
         # Sharded: v0 is gathered now, by every rank together (a fresh run publishes it; a
         # resume drops it unused, `forget_initial`).
         self._initial = self.snapshot() if self.sharded else None
