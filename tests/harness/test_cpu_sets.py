@@ -40,7 +40,7 @@ from harness.launch.warm_child import WarmChild
 from harness.launch.warm_protocol import WARM_COMPONENTS_ENV, warm_components_from_env
 from harness.launch.warm_slots import WarmPlan, WarmSlots
 from harness.signals import SignalLatch
-from harness.trial.generator_main import GeneratorStats
+from harness.trial.rollout_groups import GeneratorStats
 from learner.runtime.step_metrics import CpuShare
 from tests.harness.trial_helpers import REPO
 

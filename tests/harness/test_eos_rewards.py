@@ -24,7 +24,7 @@ from harness.evaluation.suite import make_eval_suite
 from harness.models.factory import load_policy
 from harness.models.warm_start import answer_loss, pinned_threads, sft_batch
 from harness.tasks.factory import make_rendered_task
-from harness.trial.generator_main import GeneratorStats, GroupMaker
+from harness.trial.rollout_groups import GeneratorStats, GroupMaker
 from tests.harness.chat_tokenizer import build_chat_tokenizer
 from tests.tiny_models import TinyArch, TokenIds, tiny_model
 

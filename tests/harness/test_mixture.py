@@ -17,8 +17,8 @@ from harness.config import ExperimentConfig, validate_config
 from harness.models.tokenizer import build_char_tokenizer
 from harness.tasks.factory import make_rendered_task
 from harness.tasks.mixture import make_train_mixture
-from harness.trial.generator_main import GeneratorStats, GroupMaker
 from harness.trial.prepare import prompt_table
+from harness.trial.rollout_groups import GeneratorStats, GroupMaker
 from tests.tiny_models import save_tiny_model_dir
 
 TOKENIZER = build_char_tokenizer(model_max_length=64)

@@ -17,8 +17,8 @@ from buffer.schema import make_group_id
 from contract.layout import TrialPaths
 from contract.trial import TrialSpec
 from harness.config import validate_config
-from harness.trial.generator_main import GroupMaker
 from harness.trial.learner_main import learner_task
+from harness.trial.rollout_groups import GroupMaker
 from learner.runtime.intake import IntakeRules, ModelLimits, refusal
 from learner.runtime.loop import LearnerTask
 from tests.learner.tiny import random_groups
