@@ -82,8 +82,11 @@ def report_blocks(page: Page, *, default_title: str) -> list[Block]:
     notes = warnings(scores, config)
     if notes:
         blocks += [Block("h2", "Warnings"), Block("list", items=notes)]
+    # Methods cite only what the report shows: a section left out (no data, or no axis to vary)
+    # takes its methods with it.
     methods = list(METHODS)
     for section in SECTIONS:
-        blocks += section.blocks(page) if section is not findings else []
-        methods += section.METHODS
+        shown = section.blocks(page) if section is not findings else []
+        blocks += shown
+        methods += section.METHODS if shown else []
     return [*blocks, Block("h2", "Methods"), Block("list", items=methods)]

@@ -1,6 +1,6 @@
 """Plotting helpers the sections' figures share (matplotlib's object API on the Agg canvas, no
 pyplot state): arm colours, panel grids, one legend outside the panels, curves with bands,
-interval bars, and PNG output.
+interval bars, and PNG output (titles wrapped to fit first: `analysis.figure_text`).
 
 Each section's `*_figure` function takes tables the report already computed and returns a
 Figure, or None when there is nothing to draw, so the report lists what it could not plot
@@ -19,6 +19,8 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from analysis.figure_text import fit_text, fitted_legend
 
 MAX_COLS = 4
 
@@ -42,7 +44,8 @@ def grid(
 
 
 def outside_legend(fig: Figure, axes: Sequence[Axes]) -> None:
-    """One legend for the whole figure, right of the panels (constrained layout makes room).
+    """One legend for the whole figure, below the panels (constrained layout makes room), in as
+    many columns as fit (`figure_text.fitted_legend`).
 
     With 6 arms x 5 lags a legend inside a panel hides the curves it explains; one entry per
     label, gathered from every panel, so a label missing from the first panel still shows.
@@ -52,13 +55,13 @@ def outside_legend(fig: Figure, axes: Sequence[Axes]) -> None:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             entries.setdefault(label, handle)
     if entries:
-        fig.legend(list(entries.values()), list(entries), loc="outside right upper", fontsize=8)
+        fitted_legend(fig, list(entries.values()), list(entries))
 
 
 def save(fig: Figure, path: Path, dpi: int) -> Path:
-    """Write `fig` as PNG; returns the path."""
+    """Write `fig` as PNG, its titles wrapped to fit (`figure_text.fit_text`); returns the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png", dpi=dpi)
+    fit_text(fig).savefig(path, format="png", dpi=dpi)
     return path
 
 

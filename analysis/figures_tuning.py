@@ -2,7 +2,7 @@
 
 Same conventions as the report's other figures (`analysis.figures`): matplotlib's object API
 on the Agg canvas (no pyplot state, so no figure is left open to close), one colour per arm
-from `figures.arm_colors`, one legend right of the panels, PNG written by `figures.save`.
+from `figures.arm_colors`, one legend below the panels, PNG written by `figures.save`.
 Unlike the sections' `*_figure` functions, which return None when there is nothing to draw,
 these raise ValueError on empty input: a tuning report without curves is a caller's bug.
 """
@@ -61,8 +61,7 @@ def expected_max_figure(curves: Mapping[str, ExpectedMaxCurve]) -> Figure:
     (estimator,) = estimators
     ax.set(xlabel="configurations tried (n)", ylabel="expected max validation score")
     ax.grid(alpha=0.3)
-    # right of the panel, centred: upper right would run into the title of a one-panel figure
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside right center", fontsize=8)
+    figures.outside_legend(fig, [ax])
     fig.suptitle(f"Expected validation performance ({estimator} estimator), band +-1 std")
     return fig
 

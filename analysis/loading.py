@@ -31,8 +31,9 @@ TRIAL_COLUMNS = [
     "diverged_reason",
     "steps_planned",
     "last_step",
-    "started_s",  # trial.json `started_at` as epoch seconds (NaN if absent): wall-clock origin
+    "started_s",  # trial.json `started_at` as epoch seconds (NaN if absent): start-up's origin
     "policy",  # the staleness policy the trial ran (`staleness_policy`)
+    "correction",  # the arm's off-policy correction (`arms[].correction`); "" when none
 ]
 PROBLEM_COLUMNS = ["trial_name", "arm", "seed", "lag", "status", "problem"]
 
@@ -95,20 +96,40 @@ def staleness_policy(mode: str, lag: int, sync_every: int) -> str:
     return words + (f", weights synced every {sync_every} steps" if sync_every > 1 else "")
 
 
-def _sync_every(trial_dir: Path) -> int:
-    """`staleness.sync_every` of the trial's resolved config (1 when absent: written before the
-    option existed, or at its default, which the resolved config leaves out)."""
+def _resolved_config(trial_dir: Path) -> dict:
+    """The trial's resolved config (empty when absent or unreadable: written before it existed)."""
     try:
         data = yaml.safe_load(TrialPaths(trial_dir).resolved_config.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
-        return 1
-    staleness = (data or {}).get("staleness") if isinstance(data, dict) else None
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _sync_every(config: dict) -> int:
+    """`staleness.sync_every` of a resolved config (1 when absent: written before the option
+    existed, or at its default, which the resolved config leaves out)."""
+    staleness = config.get("staleness")
     value = staleness.get("sync_every", 1) if isinstance(staleness, dict) else 1
     return value if isinstance(value, int) and value >= 1 else 1
 
 
-def _trial_row(record: TrialRecord, name: str, last_step: float, sync_every: int = 1) -> dict:
-    """One row of `Experiment.trials`; statuses and modes as plain strings."""
+def _correction(config: dict, arm: str) -> str:
+    """The off-policy correction arm `arm` of a resolved config applies ("" when none, or when
+    the config does not list the arm): the report's corrections section needs one to show."""
+    arms = config.get("arms")
+    for entry in arms if isinstance(arms, list) else []:
+        if isinstance(entry, dict) and entry.get("name") == arm:
+            value = entry.get("correction")
+            return value if isinstance(value, str) else ""
+    return ""
+
+
+def _trial_row(
+    record: TrialRecord, name: str, last_step: float, config: dict | None = None
+) -> dict:
+    """One row of `Experiment.trials`; statuses and modes as plain strings. `config` is the
+    trial's resolved config (sync interval, the arm's correction)."""
+    config = config or {}
     status = str(record.status)
     return {
         "experiment": record.experiment or "",
@@ -126,7 +147,8 @@ def _trial_row(record: TrialRecord, name: str, last_step: float, sync_every: int
         "steps_planned": record.steps_planned,
         "last_step": last_step,
         "started_s": _epoch_s(record.started_at),
-        "policy": staleness_policy(str(record.mode), record.lag, sync_every),
+        "policy": staleness_policy(str(record.mode), record.lag, _sync_every(config)),
+        "correction": _correction(config, record.arm),
     }
 
 
@@ -171,7 +193,7 @@ def load_experiment(root: Path) -> Experiment:
             continue
         frame, metric_problems = read_metrics(TrialPaths(trial_dir).metrics)
         last = float(frame[mn.STEP].max()) if len(frame) else math.nan
-        row = _trial_row(stored, trial_dir.name, last, _sync_every(trial_dir))
+        row = _trial_row(stored, trial_dir.name, last, _resolved_config(trial_dir))
         trial_rows.append(row)
         keys = {k: row[k] for k in ("trial_name", "arm", "seed", "lag", "status")}
         no_evals = len(frame) and (

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -20,6 +21,9 @@ from analysis.render import to_html, to_markdown
 from analysis.sections import ANALYSIS_ORDER, SECTIONS, Inputs, Page, Part, Section
 from analysis.summary import to_frame
 from analysis.trial_scores import score_trials
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,28 @@ def analyse(
     return Analysis(inputs, parts, to_frame([r for part in parts for r in part.rows]))
 
 
-def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dict[str, Path]:
-    """Write every figure that has data; returns {name: path}."""
+def make_figures(analysis: Analysis, config: ReportConfig) -> dict[str, Figure]:
+    """Every figure that has data, by name, in document order (not yet written)."""
     scores = analysis.inputs.scores
     colors = figures.arm_colors(list(scores["arm"])) if len(scores) else {}
-    made = {}
+    made: dict[str, Figure | None] = {}
     for section, part in zip(SECTIONS, analysis.parts, strict=True):
         made |= section.draw(part, analysis.summary, colors, config)
-    return {
+    return {name: fig for name, fig in made.items() if fig is not None}
+
+
+def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dict[str, Path]:
+    """Write every figure that has data (`figures.save`: titles fitted first); returns
+    {name: path}. A figure an earlier build of the same report wrote and this one does not
+    (its section no longer shows, e.g. a trade-off plot of a single lag) is removed, so the
+    directory holds exactly the report's figures."""
+    written = {
         name: figures.save(fig, fig_dir / f"{name}.png", config.figure_dpi)
-        for name, fig in made.items()
-        if fig is not None
+        for name, fig in make_figures(analysis, config).items()
     }
+    for stale in set(fig_dir.glob("*.png")) - set(written.values()):
+        stale.unlink()
+    return written
 
 
 def build_report(

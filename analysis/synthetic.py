@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import yaml
 
 from contract import evals as ev
 from contract import metrics as mn
@@ -68,6 +69,12 @@ class SyntheticSpec:
     # written before it existed.
     rollouts: bool = False
     rollout_groups: int = 4
+    # (arm, seed, lag, seconds): that trial's rows are stamped this much later, as if its
+    # start-up (trial start to first learner update, analysis.wall_clock) took longer.
+    startup: tuple[tuple[str, int, int, float], ...] = ()
+    # arm -> its off-policy correction, written to each trial's resolved_config.yaml (`arms`).
+    # Empty: no resolved config, like trials written before it existed.
+    arm_corrections: dict[str, str] = field(default_factory=dict)
 
 
 def _pass_rate(
@@ -125,8 +132,11 @@ def correction_columns(
     }
 
 
-def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: int) -> pa.Table:
-    """One trial's step rows 0..last_step with all the metrics the report reads."""
+def trial_table(
+    spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: int, *, startup: float = 0.0
+) -> pa.Table:
+    """One trial's step rows 0..last_step with all the metrics the report reads; `startup`
+    seconds more before the first row."""
     rng = np.random.default_rng(zlib.crc32(f"{arm}/{seed}/{lag}".encode()))  # stable across runs
     steps = np.arange(last_step + 1)
     evals = np.full(len(steps), np.nan)
@@ -139,7 +149,7 @@ def trial_table(spec: SyntheticSpec, arm: str, seed: int, lag: int, last_step: i
     clip = np.clip(0.05 * (1 + 0.5 * lag) + rng.normal(0, 0.01, len(steps)), 0, 1)
     columns = {
         mn.STEP: pa.array(steps, pa.int64()),
-        mn.TIMESTAMP: pa.array(START_S + np.cumsum(step_s), pa.float64()),
+        mn.TIMESTAMP: pa.array(START_S + startup + np.cumsum(step_s), pa.float64()),
         mn.EVAL_PASS_RATE: evals,
         mn.REWARD_MEAN: np.clip(0.8 * np.nan_to_num(evals, nan=0.5) + 0.1, 0, 1),
         mn.OPTIM_GRAD_NORM: grad,
@@ -259,10 +269,20 @@ def write_trial(
             step_tables.write_part(paths.evals, int(step), part)
 
 
+def resolved_config(spec: SyntheticSpec) -> str:
+    """The part of a resolved config the report reads: each arm's objective and correction."""
+    arms = [
+        {"name": arm, "objective": arm, "correction": spec.arm_corrections.get(arm)}
+        for arm in spec.skill
+    ]
+    return yaml.safe_dump({"name": spec.experiment, "arms": arms}, sort_keys=False)
+
+
 def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
     """Write every (arm, seed, lag) trial of `spec` under `root/trials`; returns `root`."""
     spec = spec or SyntheticSpec()
     diverged = {(a, s, lag): step for a, s, lag, step in spec.diverged}
+    startup = {(a, s, lag): seconds for a, s, lag, seconds in spec.startup}
     for arm in spec.skill:
         for seed in spec.seeds:
             for lag in spec.lags:
@@ -286,10 +306,12 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
                     "steps_planned": spec.steps,
                     "started_at": STARTED_AT,
                 }
-                table = trial_table(spec, arm, seed, lag, last)
+                table = trial_table(spec, arm, seed, lag, last, startup=startup.get(key, 0.0))
                 evals = evals_table(spec, table) if spec.eval_sets else None
                 trial_dir = ExperimentPaths(root).trial(name).root
                 write_trial(trial_dir, info, table, spec.rows_per_part, evals)
+                if spec.arm_corrections:
+                    TrialPaths(trial_dir).resolved_config.write_text(resolved_config(spec))
                 if spec.rollouts:
                     for step, part in rollouts_parts(spec, arm, seed, lag, last).items():
                         step_tables.write_part(TrialPaths(trial_dir).rollouts, step, part)

@@ -13,6 +13,7 @@ import pandas as pd
 
 from analysis.config import ReportConfig
 from analysis.loading import Experiment
+from analysis.wall_clock import startup_s
 from contract import metrics as mn
 
 SCORE_COLUMNS = [
@@ -27,6 +28,7 @@ SCORE_COLUMNS = [
     "grad_spike_rate",
     "max_kl_old",
     "clip_frac_mean",
+    "startup_s",  # trial start to first learner update (analysis.wall_clock), off the curves
 ]
 
 
@@ -152,6 +154,7 @@ def score_trial(
     *,
     diverged: bool = False,
     steps_planned: float = math.nan,
+    started_s: float = math.nan,
 ) -> dict[str, float]:
     """All per-trial scalars of one trial's step table (see SCORE_COLUMNS).
 
@@ -179,6 +182,7 @@ def score_trial(
         "grad_spike_rate": grad_spike_rate(trial, config.spike_factor, config.spike_window),
         "max_kl_old": reduce_metric(trial, mn.POLICY_KL_OLD, "max"),
         "clip_frac_mean": reduce_metric(trial, mn.POLICY_CLIP_FRAC, "mean"),
+        "startup_s": startup_s(trial, started_s),
     }
 
 
@@ -206,15 +210,22 @@ def score_trials(experiment: Experiment, config: ReportConfig) -> pd.DataFrame:
     trials["arm"] = condition_labels(trials)
     by_trial = dict(tuple(experiment.metrics.groupby("trial_name", sort=False)))
     rows = []
-    for name, diverged, planned in zip(
-        trials["trial_name"], trials["diverged"], trials["steps_planned"], strict=True
-    ):
-        frame = by_trial.get(name)
+    for t in trials.itertuples(index=False):
+        frame = by_trial.get(t.trial_name)
         if frame is None:
             rows.append(dict.fromkeys(SCORE_COLUMNS, math.nan))
-        else:
-            planned = math.nan if pd.isna(planned) else float(planned)
-            rows.append(score_trial(frame, config, diverged=bool(diverged), steps_planned=planned))
+            continue
+        planned = math.nan if pd.isna(t.steps_planned) else float(t.steps_planned)
+        started = math.nan if pd.isna(t.started_s) else float(t.started_s)
+        rows.append(
+            score_trial(
+                frame,
+                config,
+                diverged=bool(t.diverged),
+                steps_planned=planned,
+                started_s=started,
+            )
+        )
     scores = pd.DataFrame(rows, columns=SCORE_COLUMNS, index=trials.index)
     completed = trials["status"].eq("completed") & ~trials["diverged"]
     diverged_ok = trials["diverged"] & (config.diverged_scores == "zero_after")

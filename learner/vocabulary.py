@@ -22,6 +22,12 @@ LossAggregation = Literal["seq-mean-token-mean", "token-mean", "seq-mean-token-s
 AdvantageNorm = Literal["std", "mean_only"]
 """Group advantage normalisation: divide by the group std, or only subtract the mean (Dr. GRPO)."""
 
+AdvantageStd = Literal["unbiased", "population"]
+"""Which group std `adv_norm: std` divides by: Bessel-corrected (divide by G - 1, torch's
+default, as verl's `compute_grpo_outcome_advantage` and TRL's `GRPOTrainer`) or the population
+std (divide by G, this harness's only convention before issue 37): its advantages are
+sqrt(G / (G - 1)) times the unbiased ones, 1.069 at G = 8, 1.155 at G = 4, 1.41 at G = 2."""
+
 AdvantageEstimator = Literal["group", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 """How a group arm turns sequence rewards into one advantage per sequence [B]
 (`learner.algorithms.advantages.ADVANTAGE_ESTIMATORS`): group mean/std (`adv_norm`), RLOO's

@@ -107,8 +107,19 @@ class Section(Protocol):
     def blocks(self, page: Page) -> list[Block]: ...
 
 
-def table(summary: pd.DataFrame, section: str, title: str, text: str, **kw: object) -> list[Block]:
-    """A titled, explained table of one summary section."""
+def table(
+    summary: pd.DataFrame,
+    section: str,
+    title: str,
+    text: str,
+    *,
+    skip_empty: bool = False,
+    **kw: object,
+) -> list[Block]:
+    """A titled, explained table of one summary section; nothing when `skip_empty` and the
+    section has no rows (a comparison of arms in a one-arm experiment: no axis to show)."""
+    if skip_empty and not (summary["section"] == section).any():
+        return []
     return [
         Block("h3", title),
         Block("p", text),

@@ -40,6 +40,8 @@ if TYPE_CHECKING:
 
 TEST_METRICS = ("final_score", "auc")
 HOLM_TESTS = ("paired_t_p", "wilcoxon_p", "welch_p", "mann_whitney_p")
+# Its summary sections: all empty when no lag has two arms.
+ROW_SECTIONS = ("probability_of_improvement", "tests_final_score", "tests_auc", "power")
 METHODS = [
     "Paired tests over matched seeds: Student's paired t-test (Student 1908; the test the power "
     "analysis plans for), Wilcoxon signed-rank (Wilcoxon 1945) and a paired bootstrap of the "
@@ -205,7 +207,8 @@ def draw(
 
 
 def blocks(page: Page) -> list[Block]:
-    if not page.any_scored:
+    """The section, or nothing without a pair of arms to compare (one arm per lag)."""
+    if not page.any_scored or not any(page.has(section) for section in ROW_SECTIONS):
         return []
     summary = page.summary
     return [

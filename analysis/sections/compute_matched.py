@@ -4,10 +4,12 @@ tokens and wall-clock time.
 Arms differ in how much compute a learner step costs (a lag lets the learner run ahead; PPO
 trains a critic), so equal steps is not equal compute. Each trial's eval curve is re-indexed by
 three budgets: learner steps, cumulative generated tokens (`tokens/generated` summed over steps:
-every response read, trained or dropped) and seconds since the trial started; each curve is
-linearly interpolated onto a grid shared by the trials compared at one lag. The grid spans only
-the budget every compared trial reached (from the largest first point to the smallest last
-point): nothing is extrapolated, so a faster arm is not credited with scores it never measured.
+every response read, trained or dropped) and seconds since the trial's first learner update
+began (`analysis.wall_clock`: start-up is left out, and shown per trial in the Trials table);
+each curve is linearly interpolated onto a grid shared by the trials compared at one lag. The
+grid spans only the budget every compared trial reached (from the largest first point to the
+smallest last point): nothing is extrapolated, so a faster arm is not credited with scores it
+never measured.
 """
 
 from __future__ import annotations
@@ -26,36 +28,44 @@ from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, figure, table
 from analysis.stats import BootstrapSpec, aggregate_interval
 from analysis.summary import row
+from analysis.wall_clock import training_seconds
 from contract import metrics as mn
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 TOKENS_GENERATED = mn.TOKENS_GENERATED  # absent from trials written before it existed
-AXES = {"step": "learner steps", "tokens": "generated tokens", "seconds": "wall-clock seconds"}
+AXES = {
+    "step": "learner steps",
+    "tokens": "generated tokens",
+    "seconds": "wall-clock seconds from first update",
+}
 GRID_POINTS = 21  # 20 intervals: the budget fractions below fall on grid points
 BUDGETS = (0.25, 0.5, 1.0)  # fractions of the common range at which the leader is named
 CURVE_COLUMNS = ["arm", "lag", "trial_name", "seed", "axis", "x", "value"]
 METHODS = [
     "Compute-matched curves: each trial's primary eval curve against learner steps, cumulative "
     "generated tokens (`tokens/generated`, trained and dropped groups) and seconds since the "
-    "trial started (the step-0 eval of the initial weights at 0 s), linearly interpolated "
+    "trial's first learner update began (its first batch in hand: the row's timestamp less "
+    "perf/learner_step_s x (1 - perf/learner_wait_frac)), so start-up - process start, model "
+    "load, initial eval, the wait for the first batch while generators start - is not on the "
+    "curve (it is the Trials table's startup_s); the step-0 eval of the initial weights sits "
+    "at 0 s. Curves are linearly interpolated "
     "onto a grid per lag that spans only the budget every compared trial reached (no "
     "extrapolation); IQM across seeds with bootstrap bands. "
     "Diverged trials are left out of them.",
 ]
 
 
-def budget_axes(trial: pd.DataFrame, started_s: float) -> pd.DataFrame:
-    """One trial's eval rows with their step, cumulative tokens and seconds since start.
+def budget_axes(trial: pd.DataFrame) -> pd.DataFrame:
+    """One trial's eval rows with their step, cumulative tokens and training seconds.
 
     Tokens are summed over every step (NaN = none logged that step counts 0) up to and including
-    the eval's step; NaN throughout when the trial never logged `tokens/generated`. Seconds are
-    `timestamp - started_s`, or since the first logged step when trial.json has no start time.
-    The eval at step 0 scores the initial weights, which hold until the first update, so it is
-    placed at 0 s: its timestamp would otherwise carry the trial's start-up time (model load,
-    generator start; tens of seconds that differ per trial) and leave short trials no common
-    time range.
+    the eval's step; NaN throughout when the trial never logged `tokens/generated`. Seconds
+    count from the first learner update (`wall_clock.training_seconds`): start-up (model load,
+    generator start; seconds to tens of seconds that differ per trial) would otherwise shift
+    each curve by its own amount and leave short trials no common time range. The eval at step
+    0 scores the initial weights, which hold until the first update, so it sits at 0 s.
     """
     trial = trial.sort_values(mn.STEP)
     values = trial[mn.EVAL_PASS_RATE].to_numpy(dtype=float)
@@ -63,11 +73,9 @@ def budget_axes(trial: pd.DataFrame, started_s: float) -> pd.DataFrame:
         tokens = np.cumsum(np.nan_to_num(trial[TOKENS_GENERATED].to_numpy(dtype=float)))
     else:
         tokens = np.full(len(trial), np.nan)
-    stamps = trial[mn.TIMESTAMP].to_numpy(dtype=float)
-    origin = started_s if math.isfinite(started_s) else np.nanmin(stamps, initial=np.inf)
     keep = np.isfinite(values)
     steps = trial[mn.STEP].to_numpy(dtype=float)
-    seconds = np.where(steps == 0, 0.0, stamps - origin)
+    seconds = np.where(steps == 0, 0.0, training_seconds(trial))
     return pd.DataFrame(
         {
             "step": steps[keep],
@@ -94,8 +102,7 @@ def budget_curves(metrics: pd.DataFrame, scored: pd.DataFrame) -> pd.DataFrame:
     for t in scored.itertuples(index=False):
         if t.trial_name not in by_trial:
             continue
-        started = float(t.started_s) if not pd.isna(t.started_s) else math.nan
-        curve = budget_axes(by_trial[t.trial_name], started)
+        curve = budget_axes(by_trial[t.trial_name])
         for axis in AXES:
             part = curve[np.isfinite(curve[axis].to_numpy(dtype=float))]
             keys = {"arm": t.arm, "lag": int(t.lag), "trial_name": t.trial_name, "seed": t.seed}
@@ -262,7 +269,7 @@ def compute_matched_figure(
     lags = sorted(int(lag) for lag in agg["lag"].unique())
     cols = min(len(lags), figures.MAX_COLS)
     rows = len(axes_present) * math.ceil(len(lags) / cols)
-    fig = Figure(figsize=(4.0 * cols + 1.5, 2.9 * rows), layout="constrained")
+    fig = Figure(figsize=(4.0 * cols, 2.9 * rows), layout="constrained")
     FigureCanvasAgg(fig)
     grid = fig.subplots(rows, cols, squeeze=False)
     used = []
@@ -298,7 +305,10 @@ def blocks(page: Page) -> list[Block]:
         *figure(
             page.figures,
             "compute_matched",
-            "Primary eval score against learner steps, generated tokens and wall-clock seconds.",
+            "Primary eval score against learner steps, generated tokens and wall-clock seconds. "
+            "Seconds count from each trial's first learner update, so start-up (model load, "
+            "generator start, initial eval) is not on the curve: it is startup_s in the Trials "
+            "table.",
         ),
         *table(
             page.summary,
@@ -308,5 +318,6 @@ def blocks(page: Page) -> list[Block]:
             "arm with the highest IQM (arm column) and the runner-up, with CIs; when the "
             "intervals overlap the lead is not established. Diverged trials are left out of "
             "these curves (no score exists past their drop). n = seeds.",
+            skip_empty=True,  # one arm per lag: no one to lead
         ),
     ]

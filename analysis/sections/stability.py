@@ -244,6 +244,7 @@ def blocks(page: Page) -> list[Block]:
             "divergence_tests",
             "Divergence: Fisher's exact test",
             "Arm pairs pooled over lags; n = trials of both arms.",
+            skip_empty=True,  # one arm: no pair
         ),
         *table(
             summary,

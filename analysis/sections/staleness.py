@@ -4,6 +4,9 @@ what it costs in score.
 Per (arm, lag): learner steps per second, learner wait fraction and generator idle fraction
 (mean across seeds with bootstrap intervals), and which lags are Pareto-optimal on
 (throughput, final-score IQM): no other lag is at least as good on both and better on one.
+The Pareto flags and the trade-off figure compare lags, so an experiment with a single lag gets
+neither (each lag would be plotted, and found optimal, against itself): only the throughput and
+utilisation table, under a heading without "staleness".
 """
 
 from __future__ import annotations
@@ -96,16 +99,24 @@ def frontier_rows(frontier: pd.DataFrame) -> list[dict]:
     return rows
 
 
+def several_lags(trials: pd.DataFrame) -> bool:
+    """True when the trials ran more than one lag: only then is there a trade-off to show."""
+    return bool(len(trials)) and trials["lag"].nunique() > 1
+
+
 def staleness_rows(finished: pd.DataFrame, scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
-    """All staleness-study rows."""
+    """All staleness-study rows: utilisation, and the Pareto flags when lags vary."""
     if finished.empty:
         return []
-    return utilisation_rows(finished, spec) + frontier_rows(frontier_table(finished, scored))
+    rows = utilisation_rows(finished, spec)
+    if several_lags(finished):
+        rows += frontier_rows(frontier_table(finished, scored))
+    return rows
 
 
 def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
     done, scored = inputs.done, inputs.scored
-    frontier = frontier_table(done, scored) if len(done) else pd.DataFrame()
+    frontier = frontier_table(done, scored) if several_lags(done) else pd.DataFrame()
     return Part(staleness_rows(done, scored, inputs.spec), {"frontier": frontier})
 
 
@@ -159,11 +170,12 @@ def _frontier_panel(ax: Axes, frontier: pd.DataFrame, colors: dict[str, str]) ->
 def staleness_figure(
     summary: pd.DataFrame, frontier: pd.DataFrame, colors: dict[str, str] | None = None
 ) -> Figure | None:
-    """Score, throughput and utilisation against lag, and the throughput/score frontier."""
+    """Score, throughput and utilisation against lag, and the throughput/score frontier; None
+    with fewer than two lags (every panel would be one point per arm)."""
     stale = summary[summary["section"] == "staleness"]
     final = summary[(summary["section"] == "final_score") & (summary["statistic"] == "iqm")]
     final = final[final["lag"].notna()]
-    if stale.empty and final.empty:
+    if pd.concat([stale["lag"], final["lag"]]).dropna().nunique() < 2:
         return None
     colors = colors or figures.arm_colors(list(summary["arm"].dropna().unique()))
     fig, axes = figures.grid(4, width=5.0, height=3.6, max_cols=2)
@@ -193,6 +205,21 @@ def draw(
 
 
 def blocks(page: Page) -> list[Block]:
+    rows = page.summary[page.summary["section"] == "staleness"]
+    if rows.empty:
+        return []
+    if rows["lag"].nunique() < 2:
+        return [
+            Block("h2", "Throughput and utilisation"),
+            *table(
+                page.summary,
+                "staleness",
+                "Throughput and utilisation per arm",
+                "Learner steps/s (1 / median step time), learner wait and generator idle "
+                "fractions: mean across seeds with CI. One lag ran, so there is no staleness "
+                "trade-off to show.",
+            ),
+        ]
     return [
         Block("h2", "Staleness and utilisation"),
         *table(

@@ -1,4 +1,10 @@
-"""Section "Trials": counts per (arm, lag), and every diverged, incomplete or missing trial."""
+"""Section "Trials": counts and start-up per (arm, lag), and every diverged, incomplete or missing
+trial.
+
+Start-up (trial start to its first learner update, `analysis.wall_clock`) is left out of every
+wall-clock axis, so it is shown here: a reader sees what was cut, and whether an arm starts
+slower (a critic to load, a cold cache on the first trial).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +12,17 @@ import pandas as pd
 
 from analysis.render import Block, wide_table
 from analysis.sections.base import Inputs, Page, Part, no_figures
-from analysis.summary import row
+from analysis.stats import BootstrapSpec, aggregate_interval
+from analysis.summary import interval_row, row
+from analysis.trial_scores import by_condition
 
 METHODS: list[str] = []
 draw = no_figures
+STARTUP_TEXT = (
+    "startup_s: seconds from a trial's start to its first learner update (process start, "
+    "model load, initial eval, the wait for the first batch while generators start), mean "
+    "across the cell's trials with CI; wall-clock axes leave it out."
+)
 
 
 def trial_rows(scores: pd.DataFrame) -> list[dict]:
@@ -23,6 +36,19 @@ def trial_rows(scores: pd.DataFrame) -> list[dict]:
             row("trials", "diverged", int(cell["diverged"].sum()), n=len(cell), **keys),
             row("trials", "seeds", cell["seed"].nunique(), n=len(cell), **keys),
         ]
+    return rows
+
+
+def startup_rows(scores: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
+    """Section `trials`, statistic `startup_s`: seconds from trial start to first update, mean
+    across the cell's trials with CI (n = trials with a start time and a training row)."""
+    if "startup_s" not in scores.columns:
+        return []
+    rows = []
+    for (arm, lag), values in by_condition(scores, "startup_s").items():
+        if len(values):
+            interval = aggregate_interval(values, "mean", spec)
+            rows.append(interval_row("trials", "startup_s", interval, arm=arm, lag=lag))
     return rows
 
 
@@ -48,7 +74,9 @@ def problem_rows(problems: pd.DataFrame) -> list[dict]:
 
 
 def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
-    return Part(trial_rows(inputs.scores) + problem_rows(inputs.experiment.problems))
+    scores = inputs.scores
+    rows = trial_rows(scores) + startup_rows(scores, inputs.spec) if len(scores) else []
+    return Part(rows + problem_rows(inputs.experiment.problems))
 
 
 def problem_items(problems: pd.DataFrame) -> list[str]:
@@ -77,9 +105,11 @@ def policy_line(scores: pd.DataFrame) -> str:
 
 def blocks(page: Page) -> list[Block]:
     policy = policy_line(page.scores)
+    startup = page.summary["statistic"].eq("startup_s") & page.summary["section"].eq("trials")
     return [
         Block("h2", "Trials"),
         *([Block("p", policy)] if policy else []),
+        *([Block("p", STARTUP_TEXT)] if startup.any() else []),
         Block("table", table=wide_table(page.summary, "trials")),
         Block("h3", "Diverged, incomplete or missing trials"),
         Block("list", items=problem_items(page.problems)),

@@ -3,8 +3,11 @@ REINFORCE++-baseline; `ADVANTAGE_ESTIMATORS`) and GAE with whitening (PPO).
 
 Conventions shared with the objectives: per-token tensors are right-padded [B, T] with a response
 mask (1 on response tokens, 0 on prompt and padding); response tokens of a row are contiguous.
-Standard deviations are *population* std (divide by n): defined for a group of one, and the same
-convention in `group_advantages`, `batch_whiten` and `whiten`. Rewards [B] are ordered group by
+The group std of `group_advantages` is Bessel-corrected by default (divide by G - 1: torch's
+`std`, verl's `compute_grpo_outcome_advantage`, TRL's `GRPOTrainer`), the population std (divide
+by G) on request (`adv_std`); the batch statistics of `batch_whiten` and `whiten` (REINFORCE++,
+PPO) are population statistics, where verl's `masked_whiten` corrects the variance too (a
+factor n / (n - 1) over thousands of tokens: negligible). Rewards [B] are ordered group by
 group (B = n_groups * group_size); every sequence-level estimator returns float32 [B].
 """
 
@@ -16,13 +19,16 @@ import torch
 from torch import Tensor
 
 from learner.algorithms.masking import masked_mean, masked_var
-from learner.vocabulary import AdvantageEstimator, AdvantageNorm
+from learner.vocabulary import AdvantageEstimator, AdvantageNorm, AdvantageStd
 
 # AdvantageNorm (learner.config): `std` = (r - mean) / (std + eps) (GRPO, Shao et al. 2024,
 # sec. 4.1.2); `mean_only` = r - mean (Dr. GRPO, Liu et al. 2025, drops the std division that
 # over-weights near-constant groups).
 
 ADVANTAGE_NORMS: tuple[str, ...] = get_args(AdvantageNorm)
+ADVANTAGE_STDS: tuple[str, ...] = get_args(AdvantageStd)
+STD_CORRECTION: dict[str, int] = {"unbiased": 1, "population": 0}
+"""`AdvantageStd` -> torch's `correction` (subtracted from n in the variance's denominator)."""
 
 ADV_EPS = 1e-6
 """Added to a std before dividing by it: the group std (design section 6), the batch std of
@@ -46,19 +52,28 @@ def _constant_groups(grouped: Tensor) -> Tensor:
     return grouped.amax(dim=1, keepdim=True) == grouped.amin(dim=1, keepdim=True)
 
 
-def group_advantages(rewards: Tensor, group_size: int, norm: AdvantageNorm = "std") -> Tensor:
+def group_advantages(
+    rewards: Tensor,
+    group_size: int,
+    norm: AdvantageNorm = "std",
+    std: AdvantageStd = "unbiased",
+) -> Tensor:
     """Group-relative advantages A_i = (r_i - mean_g r) / (std_g r + 1e-6), float32 [B].
 
-    `norm="mean_only"` drops the division (Dr. GRPO). std is the population std (divide by
-    group_size). A group whose rewards are all equal gets exactly zero advantage.
+    `norm="mean_only"` drops the division (Dr. GRPO). `std`: the Bessel-corrected group std
+    (divide by group_size - 1), as verl and TRL, or the population std (divide by group_size).
+    A group whose rewards are all equal gets exactly zero advantage, a group of one included
+    (verl gives it r / (1 + 1e-6): mean 0, std 1; here it carries no signal).
     """
     grouped = _grouped(rewards, group_size)  # (n_groups, G)
     if norm not in ADVANTAGE_NORMS:
         raise ValueError(f"unknown advantage norm {norm!r}; choose one of {ADVANTAGE_NORMS}")
+    if std not in ADVANTAGE_STDS:
+        raise ValueError(f"unknown advantage std {std!r}; choose one of {ADVANTAGE_STDS}")
     centred = grouped - grouped.mean(dim=1, keepdim=True)  # (n_groups, G)
-    if norm == "std":
-        std = grouped.std(dim=1, correction=0, keepdim=True)  # (n_groups, 1) population std
-        centred = centred / (std + ADV_EPS)
+    if norm == "std" and group_size > 1:  # a group of one is constant: 0 below, never 0 / 0
+        spread = grouped.std(dim=1, correction=STD_CORRECTION[std], keepdim=True)  # (n_groups, 1)
+        centred = centred / (spread + ADV_EPS)
     return torch.where(_constant_groups(grouped), 0.0, centred).view(-1)  # (B,)
 
 
@@ -142,20 +157,27 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, group_size: int, lengths: 
 class SequenceAdvantages(Protocol):
     """One sequence-level estimator as the runtime calls it: float32 advantages [B] from the
     rewards [B], the response lengths [B] (tokens per sequence), the group size and the arm's
-    `adv_norm`, which only the `group` estimator reads."""
+    `adv_norm` and `adv_std`, which only the `group` estimator reads."""
 
     def __call__(
-        self, rewards: Tensor, lengths: Tensor, group_size: int, norm: AdvantageNorm
+        self,
+        rewards: Tensor,
+        lengths: Tensor,
+        group_size: int,
+        norm: AdvantageNorm,
+        std: AdvantageStd,
     ) -> Tensor: ...
 
 
 ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, SequenceAdvantages] = {
-    "group": lambda rewards, lengths, group_size, norm: group_advantages(rewards, group_size, norm),
-    "rloo": lambda rewards, lengths, group_size, norm: rloo_advantages(rewards, group_size),
-    "reinforce_pp": lambda rewards, lengths, group_size, norm: reinforce_pp_advantages(
+    "group": lambda rewards, lengths, group_size, norm, std: group_advantages(
+        rewards, group_size, norm, std
+    ),
+    "rloo": lambda rewards, lengths, group_size, norm, std: rloo_advantages(rewards, group_size),
+    "reinforce_pp": lambda rewards, lengths, group_size, norm, std: reinforce_pp_advantages(
         rewards, lengths
     ),
-    "reinforce_pp_baseline": lambda rewards, lengths, group_size, norm: (
+    "reinforce_pp_baseline": lambda rewards, lengths, group_size, norm, std: (
         reinforce_pp_baseline_advantages(rewards, group_size, lengths)
     ),
 }

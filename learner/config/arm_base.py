@@ -34,6 +34,7 @@ from learner.vocabulary import (
     AdvantageEstimator,
     AdvantageKind,
     AdvantageNorm,
+    AdvantageStd,
     Correction,
     KLEstimator,
     LossAggregation,
@@ -188,6 +189,14 @@ class GroupArm(ArmBase):
         description="Group advantage normalisation: divide by the group std, or only subtract "
         "the group mean (Dr. GRPO). Read only by adv_estimator: group.",
     )
+    adv_std: AdvantageStd = Field(
+        default="unbiased",
+        description="The group std that adv_norm: std divides by: `unbiased` (default; "
+        "Bessel-corrected, divide by G - 1, as verl's compute_grpo_outcome_advantage and TRL's "
+        "GRPOTrainer) or `population` (divide by G: this harness's convention before issue 37, "
+        "for reproducing earlier results; advantages sqrt(G / (G - 1)) times larger, 1.069 at "
+        "G = 8). Read only by adv_estimator: group with adv_norm: std.",
+    )
 
     dynamic_sampling_rounds: int = Field(
         default=0,
@@ -209,7 +218,17 @@ class GroupArm(ArmBase):
                 f"{self.adv_estimator} does not read it (only adv_estimator: group divides by the "
                 "group std or not); remove adv_norm, or set adv_estimator: group"
             )
+        if not self.reads_adv_std() and "adv_std" in self.model_fields_set:
+            raise ValueError(
+                f"arm {self.name!r} sets adv_std: {self.adv_std}, but only adv_estimator: group "
+                f"with adv_norm: std divides by a group std (this arm: adv_estimator: "
+                f"{self.adv_estimator}, adv_norm: {self.adv_norm}); remove adv_std"
+            )
         return self
+
+    def reads_adv_std(self) -> bool:
+        """Whether the arm's advantages divide by the group std (so `adv_std` matters)."""
+        return self.adv_estimator == "group" and self.adv_norm == "std"
 
     def sampling_rounds(self) -> int:
         return self.dynamic_sampling_rounds

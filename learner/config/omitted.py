@@ -3,7 +3,9 @@
 Each was added after configs had been written: left out at the default that means "as before",
 it changes neither an existing config's hash nor its `resolved_config.yaml`
 (`contract.config_dump`; `harness.config` adds the harness's rows). Also left out: `adv_norm`
-of a group arm whose estimator does not read it, so that a resolved arm validates again.
+of a group arm whose estimator does not read it, and `adv_std` of one that divides by no group
+std, so that a resolved arm validates again. `adv_std` is the exception to "as before": it is
+kept wherever it is read, because its default changed what those arms compute.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from learner.config.shared import LearnerConfig, RolloutLogConfig
 
 def _estimator_ignores_adv_norm(arm: GroupArm) -> bool:
     return arm.adv_estimator != "group"
+
+
+def _advantages_ignore_adv_std(arm: GroupArm) -> bool:
+    return not arm.reads_adv_std()
 
 
 OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
@@ -35,6 +41,9 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     # group arms: the estimator and DAPO's dynamic sampling, off
     OmitAtDefault(GroupArm, "adv_estimator", "group"),
     OmitAtDefault(GroupArm, "adv_norm", "std", when=_estimator_ignores_adv_norm),
+    # Kept wherever it is read, so every arm dividing by a group std got a new hash when the
+    # default became `unbiased` (issue 37): its advantages changed; other arms kept theirs.
+    OmitAtDefault(GroupArm, "adv_std", "unbiased", when=_advantages_ignore_adv_std),
     OmitAtDefault(GroupArm, "dynamic_sampling_rounds", 0),
 )
 """(model, field, default) rows; a row applies to the model's subclasses (plugin arms) too."""

@@ -1,10 +1,13 @@
 """report.html opened in a real browser: Debian's Chromium, headless, driven by Playwright.
 
 Builds the report of a 6-arm x 5-lag experiment with three eval sets (the size the figures must
-stay readable at), opens it from disk, and checks that every figure decoded (naturalWidth > 0),
-that nothing logged a console error or a page error, and that no request failed. A full-page
-screenshot is kept as the test's artifact, under $HARNESS_TEST_ARTIFACTS (default
-`test-artifacts/` in the repository, git-ignored); the path is printed.
+stay readable at) and of a quickstart-shaped one (four arms, lag 0 only), opens each from disk
+in one browser session, and checks that every figure decoded (naturalWidth > 0), that nothing
+logged a console error or a page error, and that no request failed. A full-page screenshot of
+each is kept as the test's artifacts (`report.png`, `report_quickstart.png`), under
+$HARNESS_TEST_ARTIFACTS (default `test-artifacts/` in the repository, git-ignored); the paths
+are printed. That the figures' text fits is checked without a browser
+(`test_figure_layout.py`).
 
 Chromium comes from `scripts/setup.sh` (apt's `chromium`); Playwright only drives it
 (`executable_path`, no browser download).
@@ -20,6 +23,7 @@ import pytest
 
 from analysis import ReportConfig, build_report
 from analysis.synthetic import SyntheticSpec, write_experiment
+from tests.analysis.experiments import QUICKSTART_SHAPED
 
 pytestmark = pytest.mark.e2e  # a real browser (Chromium)
 
@@ -73,13 +77,44 @@ def sync_playwright():
     return sync_playwright
 
 
-def test_report_html_renders_in_chromium(sync_playwright, tmp_path: Path) -> None:
-    root = write_experiment(tmp_path / "exp", SPEC)
-    report = build_report(root, tmp_path / "report", CONFIG)
-    expected_figures = len(report.figure_paths)
-    assert expected_figures >= 10  # every figure of a multi-eval-set experiment was drawn
-
+def _open(context, html: Path, shot: Path) -> dict:
+    """Open `html` in a new page of `context`; what it loaded, what went wrong, a screenshot."""
     errors: list[str] = []
+    page = context.new_page()
+    page.on(
+        "console",
+        lambda m: errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
+    page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+    page.on("requestfailed", lambda r: errors.append(f"request failed: {r.url} {r.failure}"))
+    page.goto(html.resolve().as_uri(), wait_until="load", timeout=60_000)
+    images = page.evaluate(
+        "() => Array.from(document.images).map(i => "
+        "({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
+    )
+    height = page.evaluate("() => document.documentElement.scrollHeight")
+    # PNG (the page outgrows JPEG's 65,535-pixel limit) with a generous timeout: the ~10 MB
+    # capture outlasts Playwright's 30 s default on a loaded 2-core machine.
+    page.screenshot(path=str(shot), full_page=True, timeout=180_000)
+    print(f"screenshot: {shot} (page height {height} px)")
+    return {"title": page.title(), "images": images, "errors": errors, "shot": shot}
+
+
+def _check(seen: dict, expected_figures: int) -> None:
+    assert seen["title"].startswith("Comparison report")
+    assert len(seen["images"]) == expected_figures
+    broken = [i["alt"] for i in seen["images"] if not i["complete"] or i["width"] <= 0]
+    assert broken == [], f"figures that did not load: {broken}"
+    assert seen["errors"] == []
+    assert seen["shot"].stat().st_size > 10_000  # a real full-page capture, not a blank image
+
+
+def test_report_html_renders_in_chromium(sync_playwright, tmp_path: Path) -> None:
+    report = build_report(write_experiment(tmp_path / "exp", SPEC), tmp_path / "report", CONFIG)
+    assert len(report.figure_paths) >= 10  # every figure of a multi-eval-set experiment
+    quick_root = write_experiment(tmp_path / "quick", QUICKSTART_SHAPED)
+    quick = build_report(quick_root, tmp_path / "quick_report", CONFIG)
+    out = _artifact_dir()
     with sync_playwright() as driver:
         context = driver.chromium.launch_persistent_context(
             str(tmp_path / "profile"),  # a fresh user-data-dir
@@ -89,35 +124,9 @@ def test_report_html_renders_in_chromium(sync_playwright, tmp_path: Path) -> Non
             viewport={"width": 1280, "height": 900},
         )
         try:
-            page = context.new_page()
-            page.on(
-                "console",
-                lambda m: (
-                    errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None
-                ),
-            )
-            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-            page.on(
-                "requestfailed", lambda r: errors.append(f"request failed: {r.url} {r.failure}")
-            )
-            page.goto(report.html_path.resolve().as_uri(), wait_until="load", timeout=60_000)
-            images = page.evaluate(
-                "() => Array.from(document.images).map(i => "
-                "({alt: i.alt, complete: i.complete, width: i.naturalWidth}))"
-            )
-            title = page.title()
-            shot = _artifact_dir() / "report.png"
-            # PNG (the page outgrows JPEG's 65,535-pixel limit) with a generous timeout: the
-            # ~10 MB capture outlasts Playwright's 30 s default on a loaded 2-core machine.
-            height = page.evaluate("() => document.documentElement.scrollHeight")
-            page.screenshot(path=str(shot), full_page=True, timeout=180_000)
+            grid = _open(context, report.html_path, out / "report.png")
+            quickstart = _open(context, quick.html_path, out / "report_quickstart.png")
         finally:
             context.close()
-    print(f"screenshot: {shot} (page height {height} px)")
-
-    assert title.startswith("Comparison report")
-    assert len(images) == expected_figures
-    broken = [i["alt"] for i in images if not i["complete"] or i["width"] <= 0]
-    assert broken == [], f"figures that did not load: {broken}"
-    assert errors == []
-    assert shot.stat().st_size > 10_000  # a real full-page capture, not a blank image
+    _check(grid, len(report.figure_paths))
+    _check(quickstart, len(quick.figure_paths))

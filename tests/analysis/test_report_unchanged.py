@@ -23,7 +23,10 @@ paired t-test (`paired_t_p`, `paired_t_p_holm` in `tests_*`), the smallest detec
 in score units (`power` / `min_detectable_diff`) and compact seeds in What to do next
 (`range(a,b)`, no command past 50 seeds: `next_steps` notes, and the 'every comparison' need).
 Every other row of the old file was checked unchanged: same keys, values, intervals and notes
-(up to `NEW_NOTES`).
+(up to `NEW_NOTES`). Rewritten again when wall-clock axes started counting from each trial's
+first learner update instead of its start (`analysis.wall_clock`): the `seconds ...` rows of
+`compute_curves` and `compute_matched` moved (start-up no longer on the axis), and the Trials
+section gained `startup_s` per (arm, lag); every other row was checked bitwise unchanged.
 """
 
 from __future__ import annotations

@@ -252,6 +252,23 @@ def test_model_dump_is_pydantics_own_and_the_resolved_form_omits_the_table() -> 
     assert validate_config(resolved).config_hash() == cfg.config_hash()
 
 
+def test_adv_std_is_kept_where_a_group_std_is_read_and_refused_elsewhere() -> None:
+    """Issue 37 changed what `adv_std`'s default computes, so an arm that reads it records it
+    (new hash, new numbers); an arm that does not leaves it out (old hash) and may not set it."""
+    cfg = load_config(REPO / "configs/quickstart.yaml", ["arms.grpo.adv_estimator=rloo"])
+    gspo, grpo, ppo = resolved_dump(cfg)["arms"][:3]
+    assert gspo["adv_std"] == "unbiased" and "adv_std" not in grpo and "adv_std" not in ppo
+    population = load_config(REPO / "configs/quickstart.yaml", ["arms.gspo.adv_std=population"])
+    assert resolved_dump(population)["arms"][0]["adv_std"] == "population"
+    assert population.config_hash() != load_config(REPO / "configs/quickstart.yaml").config_hash()
+    again = validate_config(resolved_dump(population))
+    assert again.config_hash() == population.config_hash()
+    assert again.arms[0].adv_std == "population"  # type: ignore[union-attr]
+    for unread in ("arms.grpo.adv_norm=mean_only", "arms.grpo.adv_estimator=reinforce_pp"):
+        with pytest.raises(ConfigError, match=r"sets adv_std: population, but only adv_estim"):
+            load_config(REPO / "configs/quickstart.yaml", [unread, "arms.grpo.adv_std=population"])
+
+
 def test_the_eval_engine_is_omitted_at_auto_and_kept_otherwise() -> None:
     """`eval.engine` came after configs were written: `auto` keeps their hash, a chosen engine
     is written and hashed; `auto` means the torch copy on CPU generators, the engine on CUDA."""

@@ -186,8 +186,11 @@ def test_reinforce_pp_baseline_with_one_group_is_centred_over_batch_std() -> Non
 
 def test_group_size_two_for_every_estimator() -> None:
     rewards, lengths = torch.tensor([1.0, 0, 0, 0]), torch.ones(4, dtype=torch.long)
-    # Group (1, 0): mean 0.5, std 0.5 -> +-0.999998; RLOO: +-1; group (0, 0): 0 everywhere.
-    assert group_advantages(rewards, 2).tolist() == pytest.approx([0.999998, -0.999998, 0, 0])
+    # Group (1, 0): mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / 0.707108 = +-0.707106 (population
+    # std 0.5 -> +-0.999998); RLOO: +-1; group (0, 0): 0 everywhere.
+    assert group_advantages(rewards, 2).tolist() == pytest.approx([0.7071058, -0.7071058, 0, 0])
+    population = group_advantages(rewards, 2, std="population").tolist()
+    assert population == pytest.approx([0.999998, -0.999998, 0, 0])
     assert rloo_advantages(rewards, 2).tolist() == [1.0, -1.0, 0.0, 0.0]
     # REINFORCE++: mean 0.25, std sqrt(0.1875) -> (0.75, -0.25, -0.25, -0.25) / 0.4330137
     s = math.sqrt(0.1875) + ADV_EPS
@@ -225,7 +228,7 @@ def _loop(estimator: str, rewards: list[float], lengths: list[int], g: int) -> l
             elif estimator == "rloo":
                 out.append(r - sum(x for j, x in enumerate(group) if j != i) / (g - 1))
             elif estimator == "group":
-                std = math.sqrt(sum((x - mean) ** 2 for x in group) / g)
+                std = math.sqrt(sum((x - mean) ** 2 for x in group) / (g - 1))
                 out.append((r - mean) / (std + ADV_EPS))
             else:
                 out.append(r - mean)
@@ -240,7 +243,7 @@ def _loop(estimator: str, rewards: list[float], lengths: list[int], g: int) -> l
 @pytest.mark.parametrize("group_size", [2, 4])
 def test_vectorised_matches_python_loop(estimator: str, group_size: int) -> None:
     rewards, lengths = _random(5, group_size, seed=11 + group_size)
-    adv = ADVANTAGE_ESTIMATORS[estimator](rewards, lengths, group_size, "std")  # type: ignore[index]
+    adv = ADVANTAGE_ESTIMATORS[estimator](rewards, lengths, group_size, "std", "unbiased")  # type: ignore[index]
     expected = _loop(estimator, rewards.tolist(), lengths.tolist(), group_size)
     assert adv.shape == rewards.shape and adv.dtype == torch.float32
     assert adv.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)

@@ -11,9 +11,24 @@ from torch import Tensor
 from learner.algorithms.advantages import gae, group_advantages, terminal_token_rewards, whiten
 
 
-def test_group_advantages_std_uses_population_std() -> None:
+def test_group_advantages_std_default_is_bessel_corrected() -> None:
     rewards = torch.tensor([1.0, 0, 0, 1, 2, 2, 2, 2, 0, 1, 2, 3])
     adv = group_advantages(rewards, group_size=4)
+    # Group (1, 0, 0, 1): mean 0.5, unbiased std sqrt(1 / 3) = 0.577350269
+    #   -> +-0.5 / 0.577351269 = +-0.866024
+    # Group (2, 2, 2, 2): constant -> exactly 0
+    # Group (0, 1, 2, 3): mean 1.5, unbiased std sqrt(5 / 3) = 1.290994449
+    #   -> (-1.5, -0.5, 0.5, 1.5) / 1.290995449 = (-1.161894, -0.387298, 0.387298, 1.161894)
+    expected = [0.8660239, -0.8660239, -0.8660239, 0.8660239, 0, 0, 0, 0]
+    expected += [-1.1618941, -0.3872980, 0.3872980, 1.1618941]
+    assert adv.dtype == torch.float32
+    assert adv.tolist() == pytest.approx(expected, rel=1e-6)
+    assert adv[4:8].tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
+def test_group_advantages_population_std_on_request() -> None:
+    rewards = torch.tensor([1.0, 0, 0, 1, 2, 2, 2, 2, 0, 1, 2, 3])
+    adv = group_advantages(rewards, group_size=4, std="population")
     # Group (1, 0, 0, 1): mean 0.5, population std 0.5 -> +-0.5 / (0.5 + 1e-6) = +-0.999998
     # Group (2, 2, 2, 2): constant -> exactly 0
     # Group (0, 1, 2, 3): mean 1.5, population std sqrt(1.25) = 1.118033989
@@ -30,17 +45,19 @@ def test_group_advantages_mean_only() -> None:
     assert adv.tolist() == pytest.approx([0.5, -0.5, -0.5, 0.5, -1.5, -0.5, 0.5, 1.5], rel=1e-6)
 
 
+@pytest.mark.parametrize("std", ["unbiased", "population"])
 @pytest.mark.parametrize("norm", ["std", "mean_only"])
-def test_constant_groups_are_exactly_zero_never_nan(norm: str) -> None:
+def test_constant_groups_are_exactly_zero_never_nan(norm: str, std: str) -> None:
     # 0.1 is not a float32 binary fraction: a rounded mean would leave ~1e-9 that the 1e-6
     # epsilon would blow up to ~1e-3 without the explicit constant-group rule.
     rewards = torch.tensor([0.1] * 6 + [0.7] * 3 + [-2.3] * 3)
-    adv = group_advantages(rewards, 3, norm=norm)  # type: ignore[arg-type]
+    adv = group_advantages(rewards, 3, norm=norm, std=std)  # type: ignore[arg-type]
     assert adv.tolist() == [0.0] * 12
 
 
-def test_group_of_one_gives_zero_advantage() -> None:
-    adv = group_advantages(torch.tensor([1.0, 0.0, 5.0]), group_size=1)
+@pytest.mark.parametrize("std", ["unbiased", "population"])
+def test_group_of_one_gives_zero_advantage(std: str) -> None:
+    adv = group_advantages(torch.tensor([1.0, 0.0, 5.0]), group_size=1, std=std)  # type: ignore[arg-type]
     assert adv.tolist() == [0.0, 0.0, 0.0]
 
 
@@ -49,6 +66,8 @@ def test_group_advantages_rejects_bad_shapes() -> None:
         group_advantages(torch.zeros(5), group_size=2)
     with pytest.raises(ValueError, match="unknown advantage norm"):
         group_advantages(torch.zeros(4), 2, norm="max")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown advantage std"):
+        group_advantages(torch.zeros(4), 2, std="sample")  # type: ignore[arg-type]
 
 
 def test_terminal_token_rewards_on_last_response_token() -> None:

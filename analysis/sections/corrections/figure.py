@@ -52,14 +52,16 @@ def _against_lag(ax: Axes, cells: pd.DataFrame, lags: list[int], colors: dict[st
 def corrections_figure(
     summary: pd.DataFrame, colors: dict[str, str] | None = None, confidence: float = 0.95
 ) -> Figure | None:
-    """Final score, AUC, ESS/N and clip fraction vs lag per arm; None without correction metrics.
+    """Final score, AUC, ESS/N and clip fraction vs lag per arm; None without correction metrics
+    or with a single lag.
 
     Scores against lag alone are already in the staleness trade-off figure, so this one is drawn
-    only when the section holds ESS/N or clip fraction rows (the correction diagnostics).
+    only when the section holds ESS/N or clip fraction rows (the correction diagnostics); at a
+    single lag every panel would be one point per arm, which the section's tables already show.
     """
     cells = summary[(summary["section"] == SECTION) & summary["lag"].notna()]
     panels = [p for p in PANELS if (cells["statistic"] == p[0]).any()]
-    if all(stat in SCORE_STATS for stat, _, _ in panels):
+    if all(stat in SCORE_STATS for stat, _, _ in panels) or cells["lag"].nunique() < 2:
         return None
     colors = colors or arm_colors(list(cells["arm"].unique()))
     lags = sorted(int(lag) for lag in cells["lag"].unique())

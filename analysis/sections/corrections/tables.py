@@ -66,25 +66,6 @@ STALENESS_STATS = (
 )
 MOE_STATS = ("routing_change_frac", "rollout_routing_mismatch")
 
-# Metrics that only exist for this section; any one measured shows it even at a single lag.
-SECTION_METRICS = (
-    mn.OFFPOLICY_WEIGHT_MEAN,
-    mn.OFFPOLICY_ESS_FRAC,
-    mn.OFFPOLICY_MASKED_FRAC,
-    mn.OFFPOLICY_TRUNC_FRAC,
-    mn.STALENESS_GENERATION_S,
-    mn.STALENESS_QUEUE_S,
-    mn.STALENESS_AGE_S,
-    mn.STALENESS_DROPPED,
-    mn.STALENESS_DROPPED_REWARD_MEAN,
-    mn.STALENESS_DROPPED_LENGTH_MEAN,
-    mn.STALENESS_BIAS_REWARD,
-    mn.STALENESS_BIAS_LENGTH,
-    mn.STALENESS_KL_BEHAVIOR,
-    mn.MOE_ROUTING_CHANGE_FRAC,
-    mn.MOE_ROLLOUT_ROUTING_MISMATCH,
-)
-
 # (trained mean, dropped mean, per-step bias) of each quantity whose selection bias is reported.
 BIAS_COLUMNS = {
     "bias_reward": (mn.REWARD_MEAN, mn.STALENESS_DROPPED_REWARD_MEAN, mn.STALENESS_BIAS_REWARD),
@@ -194,10 +175,15 @@ def correction_trials(metrics: pd.DataFrame, trials: pd.DataFrame) -> pd.DataFra
     return pd.concat([trials, reduced], axis=1)
 
 
-def has_section_metrics(metrics: pd.DataFrame) -> bool:
-    """True when any metric that only this section reads has a finite value."""
-    present = [c for c in SECTION_METRICS if c in metrics.columns]
-    return bool(len(metrics) and np.isfinite(metrics[present].to_numpy(dtype=float)).any())
+def shows(scores: pd.DataFrame) -> bool:
+    """True when the section has an axis to show: the trials ran several lags, or an arm
+    applies an off-policy correction (`correction` of `loading.Experiment.trials`). At a single
+    lag without a correction every arm is plain on- (or equally off-) policy training, and the
+    diagnostics here (ESS 1, nothing dropped) restate the arms' setup, not a finding."""
+    if scores.empty:
+        return False
+    corrected = scores.get("correction", pd.Series(dtype=str)).fillna("").astype(str) != ""
+    return scores["lag"].nunique() > 1 or bool(corrected.any())
 
 
 def _stat_rows(trials: pd.DataFrame, stats: tuple[str, ...], spec: BootstrapSpec) -> list[dict]:
@@ -227,12 +213,12 @@ def score_rows(scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
 
 
 def correction_rows(metrics: pd.DataFrame, scores: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
-    """Section `corrections`, or nothing when the experiment has one lag and no section metric.
+    """Section `corrections`, or nothing without a lag or correction axis (`shows`).
 
     Scores use the scored trials (as the Scores section); the diagnostics use the finished
     ones (completed or diverged, as the stability section): a diverged trial's steps were run.
     """
-    if scores.empty or (scores["lag"].nunique() < 2 and not has_section_metrics(metrics)):
+    if not shows(scores):
         return []
     rows = score_rows(scores[scores["scored"]], spec)
     done = finished(scores)

@@ -16,28 +16,33 @@ from analysis.sections.compute_matched import (
 from contract import metrics as mn
 
 
-def test_budget_axes_cumulate_tokens_and_time_from_the_start() -> None:
+def test_budget_axes_cumulate_tokens_and_count_time_from_the_first_update() -> None:
     start = 1000.0
     trial = pd.DataFrame(
         {
             mn.STEP: [0, 1, 2, 3],
-            mn.TIMESTAMP: [start + 1, start + 2, start + 3, start + 4],
+            # step 0 (the initial eval) 20 s after the start; step 1 waited 9 s of its 10
+            mn.TIMESTAMP: [start + 20, start + 30, start + 31, start + 33],
             mn.EVAL_PASS_RATE: [0.1, np.nan, np.nan, 0.4],
             mn.TOKENS_GENERATED: [100.0, np.nan, 300.0, 200.0],  # NaN: none logged = 0
+            mn.PERF_LEARNER_STEP_S: [np.nan, 10.0, 1.0, 2.0],
+            mn.PERF_LEARNER_WAIT_FRAC: [np.nan, 0.9, 0.1, 0.1],
         }
     )
-    axes = budget_axes(trial, start)
+    axes = budget_axes(trial)
     # cumulative tokens 100, 100, 400, 600 -> at the evals (steps 0 and 3): 100 and 600
     np.testing.assert_array_equal(axes["tokens"], [100.0, 600.0])
-    # the step-0 eval scores the initial weights: at 0 s, not after the start-up second
-    np.testing.assert_array_equal(axes["seconds"], [0.0, 4.0])
+    # the first update began at 1030 - 10 x (1 - 0.9) = 1029: step 3 at 1033 - 1029 = 4 s; the
+    # step-0 eval scores the initial weights, at 0 s
+    np.testing.assert_allclose(axes["seconds"], [0.0, 4.0], rtol=1e-12)
     np.testing.assert_array_equal(axes["step"], [0.0, 3.0])
     np.testing.assert_array_equal(axes["value"], [0.1, 0.4])
-    # no start time: seconds since the first logged step; no tokens column: NaN tokens
-    legacy = budget_axes(trial.drop(columns=[mn.TOKENS_GENERATED]), float("nan"))
+    # no step times logged (older trials): from step 1's row, 1033 - 1030 = 3 s; no tokens
+    # column: NaN tokens
+    legacy = budget_axes(
+        trial.drop(columns=[mn.TOKENS_GENERATED, mn.PERF_LEARNER_STEP_S, mn.PERF_LEARNER_WAIT_FRAC])
+    )
     np.testing.assert_array_equal(legacy["seconds"], [0.0, 3.0])
-    later = budget_axes(trial.assign(**{mn.STEP: [1, 2, 3, 4]}), start)  # no step-0 eval
-    np.testing.assert_array_equal(later["seconds"], [1.0, 4.0])
     assert legacy["tokens"].isna().all()
 
 

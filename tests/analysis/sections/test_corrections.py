@@ -198,11 +198,31 @@ def test_multi_lag_without_metrics_shows_scores_only(tmp_path: Path) -> None:
     assert "corrections" not in result.figure_paths  # scores vs lag: the trade-off figure has it
 
 
-def test_single_lag_with_metrics_shows_the_section(tmp_path: Path) -> None:
-    spec = SyntheticSpec(skill={"a": 0.6}, seeds=(0, 1), lags=(1,), steps=20, corrections=True)
-    result = build_report(write_experiment(tmp_path / "exp", spec), tmp_path / "out", TABLES_ONLY)
+def test_single_lag_with_a_correction_arm_shows_the_section(tmp_path: Path) -> None:
+    spec = SyntheticSpec(
+        skill={"a": 0.6, "b": 0.5},
+        seeds=(0, 1),
+        lags=(1,),
+        steps=20,
+        corrections=True,
+        arm_corrections={"b": "tis_seq"},  # in each trial's resolved_config.yaml
+    )
+    result = build_report(write_experiment(tmp_path / "exp", spec), tmp_path / "out", FAST)
     md = result.markdown_path.read_text()
+    assert "## Off-policy corrections and staleness" in md
     assert "### Correction diagnostics" in md and "### MoE routing" in md
     # Fixed mode drops nothing: the bias is exactly 0 and the fraction dropped is 0.
     section = _section(result.summary)
     assert (section[section["statistic"].isin(["bias_reward", "dropped_frac"])]["value"] == 0).all()
+    assert "corrections" not in result.figure_paths  # one lag: every panel one point per arm
+
+
+def test_single_lag_without_a_correction_arm_has_no_section(tmp_path: Path) -> None:
+    """The quickstart's shape: every run logs ESS and staleness times, but no arm corrects and
+    only lag 0 ran, so the section would restate the setup (ESS 1, nothing dropped)."""
+    spec = SyntheticSpec(
+        skill={"a": 0.6, "b": 0.5}, seeds=(0, 1), lags=(0,), steps=20, corrections=True
+    )
+    result = build_report(write_experiment(tmp_path / "exp", spec), tmp_path / "out", TABLES_ONLY)
+    assert _section(result.summary).empty
+    assert "Off-policy corrections" not in result.markdown_path.read_text()
