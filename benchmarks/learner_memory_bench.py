@@ -43,10 +43,17 @@ a model fits.
     python benchmarks/learner_memory_bench.py --device cuda --world 1  # one GPU, all at 1 rank
 
 Reading the table: every rank runs the step's no-grad scoring pass (pi_old, entropy) on the
-whole step batch, not on its share, so its [B, L, V] float32 logits and log-softmax temporaries
-are neither split over ranks nor cut by micro-batches; `logprob_chunk_tokens` is what bounds
-them. Under FSDP each update gathers the root unit (embeddings and output head: most of a
-small-hidden, 32k-vocabulary model) whole, so the peak falls by less than the state does.
+whole step batch, not on its share, in micro-batches of `micro_batch_tokens` when it is set;
+`logprob_chunk_tokens` bounds its [positions, V] float32 logits and log-softmax temporaries.
+Under FSDP each update keeps the root unit (final norm and output head: with the input
+embedding, its own unit here since the head is untied, most of a small-hidden, 32k-vocabulary
+model) gathered from forward to backward, so the peak falls by less than the state does.
+
+Against the planner: each setting's `plan^` is `harness plan`'s peak per rank for the same model,
+batch and options (`harness.planning.memory.estimate`), and `plan/upd` its ratio to the measured
+`update^` (the tests hold it to 0.8x-1.25x, `tests/harness/test_plan.py`). On CPU the workers run
+with glibc's mmap threshold at 64 KiB (`MALLOC_MMAP_THRESHOLD_`, as those tests do), so a freed
+tensor leaves the resident set at once instead of staying in malloc's heap and inflating VmHWM.
 
 The last line printed is one JSON object.
 """
@@ -80,6 +87,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.learner_bench import build_model
 from buffer.collate import RolloutBatch, collate
 from buffer.schema import RolloutGroup
+from harness.planning.architecture import ModelShape, load_shape
+from harness.planning.memory import estimate
+from harness.planning.setup import LearnerSetup
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.distributed import DistContext, barrier, init_distributed, shutdown
 from learner.runtime.models import build_step_models, wrap_ddp
@@ -404,8 +414,28 @@ def ratios_vs(results: dict[str, dict], base: str) -> dict[str, dict[str, float 
     }
 
 
-HEADER = ("setting", "ranks", "rss0", "build+", "build^", "update^", "upd/ddp", "state")
-HEADER += ("params", "grads", "adamw", "st/ddp", "update s", "tok/s", "tok/ddp")
+def planned_peak(shape: ModelShape, setting: Setting, args: argparse.Namespace, width: int) -> int:
+    """`harness plan`'s peak bytes per rank for the setting: the same model, batch (padded to
+    `width`) and learner options (GSPO: no critic, no reference; plain sampling)."""
+    cfg = learner_config(setting, args)
+    setup = LearnerSetup(
+        gpus=setting.world,
+        parallel=cfg.parallel,
+        dtype=cfg.dtype,
+        activation_checkpointing=cfg.activation_checkpointing,
+        groups=args.groups,
+        group_size=args.group_size,
+        minibatches=cfg.minibatches,
+        seq_len=width,
+        micro_batch_tokens=cfg.micro_batch_tokens,
+        logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+    )
+    return int(estimate(shape, setup).peak)
+
+
+HEADER = ("setting", "ranks", "rss0", "build+", "build^", "update^", "upd/ddp", "plan^")
+HEADER += ("plan/upd", "state", "params", "grads", "adamw", "st/ddp", "update s", "tok/s")
+HEADER += ("tok/ddp",)
 
 
 def _cells(name: str, r: dict, q: dict) -> list[str]:
@@ -421,6 +451,8 @@ def _cells(name: str, r: dict, q: dict) -> list[str]:
         str(r["world"]),
         *(f"{r[k] / MB:.0f}" for k in mib),
         ratio("update_peak_increase"),
+        f"{r['planned_peak'] / MB:.0f}",
+        f"{r['planned_over_measured']:.2f}",
         *(f"{r[k] / MB:.0f}" for k in state),
         ratio("state_bytes"),
         f"{r['update_s']:.2f}",
@@ -439,8 +471,9 @@ def print_table(results: dict[str, dict], ratios: dict[str, dict], base: str) ->
     print(
         f"MiB per rank (max over ranks). rss0: memory before the build; build+: after build + "
         f"shard minus rss0; build^ / update^: peak while building / during the timed updates "
-        f"minus rss0 ({source}); state = params + grads + adamw held by the rank (exact, local "
-        f"shards); */ddp: ratio to the {base} row."
+        f"minus rss0 ({source}); plan^: harness plan's peak, plan/upd: plan^ / update^; state = "
+        f"params + grads + adamw held by the rank (exact, local shards); */ddp: ratio to the "
+        f"{base} row."
     )
 
 
@@ -483,23 +516,37 @@ def check_devices(args: argparse.Namespace) -> None:
         )
 
 
+MMAP_THRESHOLD = "65536"
+"""glibc's mmap threshold of the CPU workers (module docstring), read as the forkserver starts."""
+
+
 def main(argv: list[str] | None = None) -> dict[str, object]:
     args = parse(argv)
     check_devices(args)
     chosen = [s for s in settings(args) if args.only is None or s.name in args.only]
+    if args.device == "cpu":
+        os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", MMAP_THRESHOLD)
     multiprocessing.set_forkserver_preload(PRELOAD)
     results: dict[str, dict] = {}
+    batch = rollout_batch(args)
+    width = int(batch.input_ids.shape[1])
     with tempfile.TemporaryDirectory(prefix="learner_memory_bench_") as tmp:
         model_dir, out = Path(tmp) / "model", Path(tmp)
         params = save_model(args, model_dir)
+        shape = load_shape(model_dir)
         for setting in chosen:
             started = time.perf_counter()
-            results[setting.name] = run_setting(setting, args, model_dir, out)
+            result = run_setting(setting, args, model_dir, out)
+            planned = planned_peak(shape, setting, args, width)
+            ratio = round(planned / result["update_peak_increase"], 3)
+            results[setting.name] = result | {
+                "planned_peak": planned,
+                "planned_over_measured": ratio,
+            }
             print(f"{setting.name}: {time.perf_counter() - started:.1f} s", flush=True)
     base = "ddp" if "ddp" in results else next(iter(results))
     ratios = ratios_vs(results, base)
     print_table(results, ratios, base)
-    batch = rollout_batch(args)
     summary = {
         "benchmark": "learner_memory_bench",
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",

@@ -75,7 +75,9 @@ def plan(
         str,
         typer.Option(
             "--gpu-memory",
-            help="Memory of each GPU with its unit: 80GB (10^9 bytes), 80GiB, 81920MiB.",
+            help="Memory of each GPU with its unit: 80GB (10^9 bytes), 80GiB, 81920MiB; or a "
+            "GPU by name, as much as it reports: H100-80GB (81,559 MiB), A100-80GB, A100-40GB, "
+            "H200, L40S.",
             show_default=False,
         ),
     ],

@@ -8,15 +8,18 @@ A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate i
   logits bounded by `learner.logprob_chunk_tokens`: pi_old, the reference and the critic's old
   values. A Qwen MoE policy (`ROUTED_MODEL_TYPES`) captures its routing around each of pi_old's
   parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
-  routing forward of the `moe/*` metrics in the same parts (`StepRouting._own_routing`, with
+  routing forward of the `moe/*` metrics in the same parts (`StepRouting._route`, with
   `logits_to_keep=1`, `MOE_METRICS_LOGITS_TO_KEEP`: one position's logits a row, no
-  [tokens, vocabulary] logits). So a routing pass holds one micro-batch's activations, as a
-  dense pass does, beside the batch's routing records (`routing_record`: each token's experts
-  and router entropy, every sparse layer; never the router logits, which the capture's hook
-  reduces at once). The scoring column is the largest of these passes (`scoring_passes`).
+  [tokens, vocabulary] logits). pi_old's record of the batch (`routing_record`: each token's
+  experts and router entropy, every sparse layer; never the router logits, which the
+  capture's hook reduces at once) is kept in host memory (`learner.runtime.moe_record`), and
+  the metrics compare each part with its slice of it (`moe.RoutingTally`). So a routing pass
+  holds one micro-batch's activations and routing on the device, as a dense pass holds its
+  activations. The scoring column is the largest of these passes (`scoring_passes`).
 - **update**: one micro-batch's forward and backward (the whole rank share of a minibatch when
   `learner.micro_batch_tokens` is unset), with the activations autograd saves for backward,
-  and an MoE policy's pi_old routing record, kept for replay and the metrics.
+  and an MoE policy's pi_old experts of that micro-batch, moved to the device for replay
+  (`routing_replay: old`).
 
 Both sit on the state that persists through the step: parameters, gradients (zeroed to None
 only when the next update starts, `learner.runtime.update.accumulate`) and AdamW's moments.
@@ -30,17 +33,19 @@ parameter: weight, gradient, two moments; plus DDP's flat gradient buckets, anot
 there is more than one rank, as `gradient_as_bucket_view=False` keeps them apart). FSDP2
 (`learner.runtime.sharding`) splits the float32 weights (the master weights under bf16), the
 gradients and the moments over the N ranks, and gathers one unit at a time in the compute dtype:
-the root (embedding, final norm, head), which FSDP2 keeps gathered from forward to backward,
-plus the current and the prefetched decoder block; backward adds a unit's unsharded gradient
-and its float32 reduce-scatter copy. Every micro-batch's backward reduce-scatters
-(`learner.runtime.update._local_grads` leaves FSDP's gradient sync on), so only the sharded
-gradient lasts from one micro-batch to the next. `cpu_offload` moves the shards to host memory.
+the root (final norm and head, and the embedding when it is tied to the head), which FSDP2
+keeps gathered from forward to backward, plus the current and the prefetched unit (decoder
+blocks; an untied model's input embedding is a unit of its own, gathered for its forward and
+its backward only); backward adds a unit's unsharded gradient and its float32 reduce-scatter
+copy. Every micro-batch's backward reduce-scatters (`learner.runtime.update._local_grads`
+leaves FSDP's gradient sync on), so only the sharded gradient lasts from one micro-batch to the
+next. `cpu_offload` moves the shards to host memory.
 
 Activations, per token and decoder block, are the tensors autograd saves (the accounting of
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 sec. 4, redone for transformers' RMSNorm, GQA with SDPA and SwiGLU): see
 `activations.block_saved`. The log-prob copies are counted from `learner.runtime.forward` and
-`learner.algorithms.sampling_dist` (`LOGIT_COPY_BYTES`).
+`learner.algorithms.sampling_dist` (`logit_bytes`).
 """
 
 from __future__ import annotations
@@ -50,25 +55,35 @@ from typing import Literal
 
 from harness.planning.activations import scoring_activations, update_activations
 from harness.planning.architecture import ModelShape
-from harness.planning.setup import ADAM_MOMENT_BYTES, F32, INDEX_BYTES, LearnerSetup
+from harness.planning.setup import ADAM_MOMENT_BYTES, F32, LearnerSetup
 
-LOGIT_COPY_BYTES = 13
-"""float32 bytes per logit beside the model's own logits (in the compute dtype), at the
-log-prob pass's peak (`learner.runtime.forward._score`): the log-softmax (4) that backward
-keeps, and the entropy's `exp * log_p` (4), its `where` (4) and the finite mask (1). The
-float32 cast and the division by the temperature are freed before that."""
+LOGIT_COPY_BYTES = 8
+"""float32 bytes per logit beside the model's own logits (in the compute dtype) while
+`learner.algorithms.sampling_dist.processed_logprobs` runs (`learner.runtime.forward._score`):
+the temperature-scaled copy (4) and its log-softmax (4). A bf16 model's float32 cast (4) lives
+only until the division has made the scaled copy, so the division peaks no higher."""
 TRUNCATED_LOGIT_COPY_BYTES = 24
 """With top-p (sampling_dist._dropped): the scaled logits (4), sorted values (4), sort order
 (int64, 8), softmax (4) and cumulative sum (4) at once."""
+ENTROPY_ROWS = 128
+"""`learner.runtime.forward.ENTROPY_ROWS`: positions whose entropy is reduced at once."""
+ENTROPY_COPY_BYTES = 9
+"""Bytes per logit of `ENTROPY_ROWS` positions that the entropy makes beside the log-softmax
+(`forward._entropy`): exp * log p (4), its `where` (4) and the finite mask (1)."""
+BACKWARD_LOGIT_BYTES = 12
+"""float32 bytes per logit in a gradient pass's backward through the log-softmax: its saved
+output, the incoming gradient (gather's scatter of the log-probs' gradient) and the gradient it
+returns. The compute-dtype logits are not saved; their gradient (2 or 4) comes after."""
 ROUTED_MODEL_TYPES = frozenset({"qwen2_moe", "qwen3_moe"})
 """Model types whose routers `learner.runtime.moe.ROUTER_TYPES` hooks: for them every step
 records the batch's routing and runs the `moe/*` routing forward."""
 ROUTER_ENTROPY_BYTES = F32
 """What a routing capture keeps of a token's router logits in a sparse layer: their entropy in
-float32 (`learner.runtime.moe.RoutingRecorder.record`), beside the top-k experts (int64)."""
+float32 (`learner.runtime.moe.RoutingRecorder.record`), beside the top-k experts
+(`expert_index_bytes` each)."""
 MOE_METRICS_LOGITS_TO_KEEP = 1
 """Positions a row that the `moe/*` routing forward projects to logits
-(`StepRouting._own_routing` calls the model with `logits_to_keep=1`): it needs the routers
+(`StepRouting._route` calls the model with `logits_to_keep=1`): it needs the routers
 only, so its logits are [rows, 1, vocabulary] in the compute dtype, not [tokens, vocabulary]."""
 
 
@@ -82,7 +97,7 @@ class Phase:
     gathered: float = 0.0  # FSDP units gathered for compute (and their unsharded gradients)
     activations: float = 0.0  # saved for backward (update) or one block's working set (scoring)
     logits: float = 0.0  # model logits and their float32 log-prob copies
-    routing: float = 0.0  # MoE experts and router entropies recorded (batch and micro-batch)
+    routing: float = 0.0  # MoE routing on the device: one micro-batch's capture or slice
 
     @property
     def total(self) -> float:
@@ -139,58 +154,85 @@ def persistent(shape: ModelShape, setup: LearnerSetup) -> tuple[Phase, float]:
     return state, 0.0
 
 
+def fsdp_units(shape: ModelShape) -> tuple[int, int]:
+    """(the FSDP root's parameters, the input embedding unit's) of `learner.runtime.sharding
+    .shard`: the root holds the final norm and the output head, and the embedding too when it
+    is tied to the head (then there is no embedding unit, 0); untied, the embedding is a unit
+    of its own."""
+    embedding = shape.vocab * shape.hidden
+    if shape.tied_embeddings:
+        return shape.root_parameters(), 0
+    return shape.root_parameters() - embedding, embedding
+
+
 def gathered_units(shape: ModelShape, setup: LearnerSetup, *, backward: bool) -> float:
-    """FSDP: the root and two blocks gathered in the compute dtype; in backward one unit's
-    unsharded gradient (compute dtype) and its float32 reduce-scatter input as well."""
+    """FSDP: the root (`fsdp_units`) and two more units gathered in the compute dtype: two
+    blocks, or the embedding unit and the first block; in backward one unit's unsharded
+    gradient (compute dtype) and its float32 reduce-scatter input as well."""
     if setup.parallel != "fsdp":
         return 0.0
-    b, root, block = setup.compute_bytes, shape.root_parameters(), shape.largest_block()
-    gathered = b * (root + 2 * block)
-    return gathered + ((b + F32) * max(root, block) if backward else 0.0)
+    b, block = setup.compute_bytes, shape.largest_block()
+    root, embedding = fsdp_units(shape)
+    gathered = b * (root + max(2 * block, embedding + block))
+    return gathered + ((b + F32) * max(root, embedding, block) if backward else 0.0)
 
 
-# --- logits and routing record ---------------------------------------------------------
+# --- logits and routing ----------------------------------------------------------------
 
 
-def logit_bytes(shape: ModelShape, setup: LearnerSetup, tokens: int, *, chunked: bool) -> float:
-    """The model's logits in the compute dtype and the float32 log-prob copies, for `tokens`
-    positions, or for one chunk of `learner.logprob_chunk_tokens` when chunked."""
+def logit_bytes(
+    shape: ModelShape, setup: LearnerSetup, tokens: int, *, chunked: bool, backward: bool = False
+) -> float:
+    """The peak of the log-prob pass's logit-sized tensors, for `tokens` positions, or for one
+    chunk of `learner.logprob_chunk_tokens` when chunked (and it is set); with `backward`, of
+    a gradient pass (the update), whose backward through the log-softmax may peak higher.
+
+    Three moments (`learner.runtime.forward._score`): while the sampling distribution's
+    log-softmax is made, the model's logits beside `LOGIT_COPY_BYTES` (top-k / top-p:
+    `TRUNCATED_LOGIT_COPY_BYTES`); while the entropy is reduced, the log-softmax and one
+    `ENTROPY_ROWS` sub-chunk's `ENTROPY_COPY_BYTES`, beside the model's logits only unchunked
+    (the causal LM's output still holds them; a chunk's are freed after its log-softmax); and
+    in backward `BACKWARD_LOGIT_BYTES`."""
     chunk = setup.logprob_chunk_tokens
-    positions = min(tokens, chunk) if chunked and chunk else tokens
+    split = chunked and chunk is not None
+    positions = min(tokens, chunk) if split and chunk else tokens
+    b, logits = setup.compute_bytes, positions * shape.vocab
     copies = TRUNCATED_LOGIT_COPY_BYTES if setup.truncated_sampling else LOGIT_COPY_BYTES
-    return positions * shape.vocab * (setup.compute_bytes + copies)
+    held = 0 if split else b  # unchunked: the model's logits outlive the log-softmax
+    sub_chunk = min(positions, ENTROPY_ROWS) * shape.vocab
+    moments = [logits * (b + copies), logits * (F32 + held) + sub_chunk * ENTROPY_COPY_BYTES]
+    return float(max(moments + ([logits * BACKWARD_LOGIT_BYTES] if backward else [])))
 
 
 def routes_recorded(shape: ModelShape) -> bool:
     return shape.moe is not None and shape.model_type in ROUTED_MODEL_TYPES
 
 
-def routing_bytes(shape: ModelShape, tokens: int) -> float:
+def expert_index_bytes(experts: int) -> int:
+    """Bytes of one recorded expert choice (`learner.runtime.moe_hooks.index_dtype`): 1 up to
+    256 experts (uint8), 2 up to 32,768 (int16), else 4."""
+    return 1 if experts <= 2**8 else (2 if experts <= 2**15 else 4)
+
+
+def routing_bytes(shape: ModelShape, tokens: int, *, entropy: bool = True) -> float:
     """The routing of `tokens` tokens as a capture keeps it (`learner.runtime.moe.Routing`):
-    int64 top-k experts and a float32 router entropy, every sparse layer. The router logits
-    (4 x experts bytes a token a layer) are reduced in the hook and never kept."""
+    top-k experts (`expert_index_bytes` each) and, with `entropy`, a float32 router entropy,
+    every sparse layer. The router logits (4 x experts bytes a token a layer) are reduced in the
+    hook and never kept."""
     if not routes_recorded(shape):
         return 0.0
     moe = shape.moe
     assert moe is not None
-    return tokens * moe.sparse_layers * (INDEX_BYTES * moe.active + ROUTER_ENTROPY_BYTES)
+    per_layer = expert_index_bytes(moe.experts) * moe.active
+    per_layer += ROUTER_ENTROPY_BYTES if entropy else 0
+    return tokens * moe.sparse_layers * per_layer
 
 
 def routing_record(shape: ModelShape, setup: LearnerSetup) -> float:
-    """One record of the step batch's routing, every token of every row: pi_old's (`old`, kept
-    from the start of the step to the `moe/*` metrics) or the routing forward's (`new`)."""
+    """pi_old's record of the step batch's routing, every token of every row, kept in host
+    memory from the start of the step to the `moe/*` metrics (`learner.runtime.moe_record`):
+    not on the device, so no phase counts it; `harness plan` states its size."""
     return routing_bytes(shape, setup.step_rows * setup.seq_len)
-
-
-def selected_experts(shape: ModelShape, setup: LearnerSetup) -> float:
-    """`moe.load_imbalance_per_layer`'s copy of pi_old's experts at the positions that score a
-    response token (`indices[:, mask]`, on the device until it is counted on the host), at
-    most every token's: the planner does not know the response share of a row."""
-    if not routes_recorded(shape):
-        return 0.0
-    moe = shape.moe
-    assert moe is not None
-    return setup.step_rows * setup.seq_len * moe.sparse_layers * INDEX_BYTES * moe.active
 
 
 # --- the estimate ----------------------------------------------------------------------
@@ -203,23 +245,21 @@ def scoring_passes(
     in micro-batches of `setup.scoring_rows` rows (the whole batch without a budget):
 
     - `micro`: pi_old (dense policy), the reference and the critic's old values; a Qwen MoE
-      policy runs it only for a reference or a critic, with pi_old's routing record kept (a
-      critic has no logits);
+      policy runs it only for a reference or a critic (a critic has no logits);
     - `moe_pi_old` (Qwen MoE): pi_old with its routing captured part by part;
     - `moe_routing` (Qwen MoE): the `moe/*` routing forward after the updates, logits of
-      `MOE_METRICS_LOGITS_TO_KEEP` position a row, beside pi_old's record.
+      `MOE_METRICS_LOGITS_TO_KEEP` position a row, each part's experts compared with its
+      slice of pi_old's record.
 
-    The routing of a part (`_routing_moments`) is kept layer by layer during its forward and
-    stacked once it returns, while the forward's activations are gone. With a budget each
-    stacked part is written into the batch's record (`moe.blank_routing` and `moe.place`), made
-    after the first part; without one, the one part's stacked capture is the record, so it is
-    briefly there twice. Each MoE pass is the larger of its moments.
+    pi_old's record of the batch is in host memory, so the device holds routing of one part at
+    a time (`_routing_moments`). Each MoE pass is the larger of its moments; the metrics' last
+    moment, the router entropy's masked mean over the batch one layer at a time, holds a
+    layer's float32 entropies and their `where` copy beside the step's float32 mask.
     """
     base = replace(state, gathered=gathered_units(shape, setup, backward=False))
     chunked = setup.logprob_chunk_tokens is not None
     rows = setup.scoring_rows
     tokens = rows * setup.seq_len
-    record = routing_record(shape, setup)
     routed = routes_recorded(shape)
     passes: dict[ScoringPass, Phase] = {}
     if not routed or setup.reference or setup.critic:
@@ -228,10 +268,9 @@ def scoring_passes(
             base,
             activations=scoring_activations(shape, setup, rows, hidden_copy=chunked),
             logits=logit_bytes(shape, setup, tokens, chunked=True) if scores else 0,
-            routing=record,
         )
     if routed:
-        forward, stacked = _routing_moments(shape, setup)
+        forward, stacked, compared = _routing_moments(shape, setup)
         pi_old = replace(
             base,
             activations=scoring_activations(shape, setup, rows, hidden_copy=chunked, captured=True),
@@ -243,23 +282,24 @@ def scoring_passes(
             base,
             activations=scoring_activations(shape, setup, rows, hidden_copy=False, captured=True),
             logits=rows * MOE_METRICS_LOGITS_TO_KEEP * shape.vocab * setup.compute_bytes,
-            routing=record + forward,
+            routing=forward,
         )
-        # `moe.routing_metrics` on both records: load imbalance copies pi_old's chosen experts.
-        metrics = replace(base, routing=2 * record + selected_experts(shape, setup))
-        passes["moe_routing"] = _largest(routing, replace(base, routing=record + stacked), metrics)
+        entropy = replace(base, routing=3 * F32 * setup.step_rows * setup.seq_len)
+        passes["moe_routing"] = _largest(routing, replace(base, routing=compared), entropy)
     return passes
 
 
-def _routing_moments(shape: ModelShape, setup: LearnerSetup) -> tuple[float, float]:
-    """Routing bytes of one capture pass (`moe._PartCaptures`): (during a part's forward, when
-    it is stacked). During a forward the recorder holds the part's layers so far (at most all
-    of them) and, with a budget, the batch's record the earlier parts were placed into; once
-    the forward returns, `RoutingRecorder.routing` stacks the layers into a second copy of the
-    part, placed into the batch's record (with a budget) or kept as the record (without)."""
-    capture = routing_bytes(shape, setup.scoring_rows * setup.seq_len)
-    placed = routing_record(shape, setup) if setup.micro_batch_tokens is not None else 0.0
-    return placed + capture, placed + 2 * capture
+def _routing_moments(shape: ModelShape, setup: LearnerSetup) -> tuple[float, float, float]:
+    """Device routing bytes of one part's capture (`moe_record.PartCaptures`,
+    `StepRouting._own_experts`): (during its forward, when it is stacked, when the metrics
+    compare it). During a forward the recorder holds the part's layers so far (at most all of
+    them); once the forward returns, `RoutingRecorder.routing` stacks them into a second copy
+    of the part before it goes to the host record. The metrics' pass stacks only the experts
+    (`RoutingRecorder.indices`) and then compares them with the part's slice of pi_old's
+    experts, moved to the device (`moe.RoutingTally.add`)."""
+    part = setup.scoring_rows * setup.seq_len
+    capture, experts = routing_bytes(shape, part), routing_bytes(shape, part, entropy=False)
+    return capture, 2 * capture, max(capture + experts, 2 * experts)
 
 
 def _largest(*phases: Phase) -> Phase:
@@ -274,8 +314,9 @@ def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
         state,
         gathered=gathered_units(shape, setup, backward=True),
         activations=update_activations(shape, setup),
-        logits=logit_bytes(shape, setup, micro_tokens, chunked=True),
-        routing=routing_record(shape, setup),  # pi_old's routing, kept through the updates
+        logits=logit_bytes(shape, setup, micro_tokens, chunked=True, backward=True),
+        # routing replay: the micro-batch's slice of pi_old's experts (the record is on the host)
+        routing=routing_bytes(shape, micro_tokens, entropy=False),
     )
     passes = scoring_passes(shape, setup, state)
     name = max(passes, key=lambda key: passes[key].total)  # the first of equals

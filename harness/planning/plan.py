@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING
 
 from harness.overrides import ConfigError
 from harness.planning.architecture import KNOWN_TYPES, ModelShape, load_shape, shape_from_hf_config
-from harness.planning.memory import MemoryEstimate, estimate, routes_recorded, routing_record
+from harness.planning.memory import (
+    MemoryEstimate,
+    estimate,
+    expert_index_bytes,
+    routes_recorded,
+    routing_record,
+)
 from harness.planning.setup import LearnerSetup
 
 if TYPE_CHECKING:
@@ -30,13 +36,30 @@ SUGGESTED_CHUNK = 1024
 Change = tuple[tuple[str, ...], dict[str, object]]  # (overrides, setup changes)
 
 
+GPU_MEMORY_MIB = {
+    "a100-40gb": 40_960,
+    "a100-80gb": 81_920,
+    "h100-80gb": 81_559,
+    "h200": 143_771,
+    "l40s": 46_068,
+}
+"""Memory a GPU reports (`nvidia-smi`, NVML's total), by product: "80 GB" on a datasheet is
+about 80 GiB on the device (an H100's 81,559 MiB is 79.65 GiB), not 80 x 10^9 bytes (74.5
+GiB), so `--gpu-memory H100-80GB` plans against what the device really has."""
+
+
 def parse_size(text: str, option: str) -> float:
-    """Bytes of `80GB` (10^9), `80GiB` (2^30), `81920MiB`, ...; a one-line error otherwise."""
+    """Bytes of `80GB` (10^9), `80GiB` (2^30), `81920MiB`, ..., or of a GPU by name
+    (`GPU_MEMORY_MIB`: `H100-80GB`); a one-line error otherwise."""
+    named = GPU_MEMORY_MIB.get(text.strip().lower())
+    if named is not None:
+        return float(named) * UNITS["mib"]
     match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]i?b)\s*", text, re.IGNORECASE)
     if match is None or float(match.group(1)) <= 0:
+        gpus = ", ".join(name.upper() for name in GPU_MEMORY_MIB)
         raise ConfigError(
             f"{option} {text!r} is not a positive size with a unit, e.g. 80GB or 80GiB "
-            "(GB = 10^9 bytes, GiB = 2^30; also MB, MiB, TB, TiB)"
+            f"(GB = 10^9 bytes, GiB = 2^30; also MB, MiB, TB, TiB), or a GPU: {gpus}"
         )
     return float(match.group(1)) * UNITS[match.group(2).lower()]
 
@@ -235,12 +258,15 @@ def _notes(
             "parameter count may differ"
         )
     if routes_recorded(shape):
+        assert shape.moe is not None
         record = routing_record(shape, setup) / 2**30
+        index = f"{8 * expert_index_bytes(shape.moe.experts)}-bit"
         notes.append(
             f"MoE: pi_old's forward (routing capture) and the moe/* routing forward run in the "
-            f"no-grad micro-batches; every step keeps the batch's routing, {record:.2f} GiB a "
-            f"record (int64 experts and a float32 router entropy a token and sparse layer, no "
-            f"router logits), pi_old's through the updates and a second during the moe/* pass"
+            f"no-grad micro-batches; pi_old's record of the batch's routing, {record:.2f} GiB "
+            f"({index} experts and a float32 router entropy a token and sparse layer, no router "
+            f"logits), waits in host memory through the updates, and the device holds one "
+            f"micro-batch's capture or slice of it at a time"
         )
     gen = cfg.generation
     if gen.backend == "vllm" and gen.device == "cuda":

@@ -16,7 +16,7 @@ LABELS = {
     "gathered": "FSDP gathered units",
     "activations": "activations",
     "logits": "logits + log-prob copies",
-    "routing": "MoE routing record",
+    "routing": "MoE routing (one micro-batch)",
 }
 OPTIONAL_ROWS = ("gathered", "routing")  # shown when not 0
 SCORING_PASSES = {  # MemoryEstimate.scoring_pass: (table column, the verdict's words)
@@ -170,7 +170,8 @@ def _beyond_options(estimate: MemoryEstimate) -> str:
         return f"{left}; add GPUs (--gpus) under learner.parallel=fsdp"
     if component == "routing":
         return (
-            f"{left}; MoE's routing records (experts and router entropy of every token and "
-            f"sparse layer) are of the whole step batch on every rank: {whole_batch}"
+            f"{left}; MoE's routing on the device (experts and router entropy of every token "
+            f"and sparse layer) is one no-grad micro-batch's: lower learner.micro_batch_tokens, "
+            f"or {whole_batch}"
         )
     return f"{left}; lower generation.max_new_tokens (one row per micro-batch is the least)"

@@ -17,8 +17,10 @@ positions at a time, each chunk scored and dropped; in a gradient pass each chun
 `torch.utils.checkpoint`, so autograd keeps only the chunk's hidden states and recomputes its
 logits in backward, one chunk at a time (the price: a second head projection and sampling
 transform per chunk). Largest float32 buffer: [chunk_tokens, V] instead of [B, L, V] (and the
-log-softmax, top-k/top-p copies of the same size). Only real tokens are scored; padding
-positions hold 0.
+log-softmax, top-k/top-p copies of the same size). A chunk's logits in the compute dtype are
+freed once its float32 log-softmax exists (`_score`), and the entropy, a detached metric, is
+reduced `ENTROPY_ROWS` positions at a time, so its temporaries are [ENTROPY_ROWS, V] beside the
+log-softmax (`_entropy`). Only real tokens are scored; padding positions hold 0.
 
 Passes that only score (no gradient) run inside `scoring(...)`: eval mode and no_grad, so a module
 with dropout (or any other train-time randomness) scores deterministically; each module's mode is
@@ -56,10 +58,18 @@ def token_logprobs_from_logits(
     return torch.cat([pad, chosen], dim=1), torch.cat([pad, entropy], dim=1)
 
 
+ENTROPY_ROWS = 128
+"""Positions whose entropy `_entropy` reduces at once (at least 2, `_row_spans`): its temporaries
+(exp * log p, the `where`, the finite mask) are [ENTROPY_ROWS, V], not [positions, V]
+(`harness.planning.memory` counts them so)."""
+
+
 def _score(logits: Tensor, targets: Tensor, sampling: SamplingSettings) -> tuple[Tensor, Tensor]:
     """(log-prob of each target, entropy) under the sampling distribution; logits (..., V),
-    targets (...)."""
-    log_probs = processed_logprobs(logits, sampling)  # (..., V)
+    targets (...). Once the float32 log-softmax exists, `logits` is dropped: a caller that
+    keeps no reference to them (`_head_score`) frees a chunk's compute-dtype logits there."""
+    log_probs = processed_logprobs(logits, sampling)  # (..., V) float32
+    del logits
     chosen = log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (...), may be -inf
     # clamp_min has zero gradient below the floor, so a -inf never reaches the graph as a NaN.
     chosen = chosen.clamp_min(LOGPROB_FLOOR)
@@ -69,10 +79,31 @@ def _score(logits: Tensor, targets: Tensor, sampling: SamplingSettings) -> tuple
 
 
 def _entropy(log_probs: Tensor) -> Tensor:
-    """-sum_v p_v log p_v over the last dim; tokens with p = 0 (log p = -inf) add 0, not NaN."""
-    kept = torch.isfinite(log_probs)
-    terms = torch.where(kept, log_probs.exp() * log_probs, 0.0)
+    """-sum_v p_v log p_v over the last dim; tokens with p = 0 (log p = -inf) add 0, not NaN.
+
+    `ENTROPY_ROWS` positions at a time (`_row_spans`), each row's sum the one the whole tensor
+    would give it, bit for bit."""
+    flat = log_probs.reshape(-1, log_probs.shape[-1])  # (N, V): a view of the log-softmax
+    pieces = [_rows_entropy(flat[start:end]) for start, end in _row_spans(flat.shape[0])]
+    return torch.cat(pieces).reshape(log_probs.shape[:-1])
+
+
+def _rows_entropy(log_probs: Tensor) -> Tensor:
+    """The entropy of each row of log_probs (n, V) -> (n,)."""
+    kept = torch.isfinite(log_probs)  # (n, V)
+    terms = torch.where(kept, log_probs.exp() * log_probs, 0.0)  # (n, V)
     return -terms.sum(-1)
+
+
+def _row_spans(rows: int) -> list[tuple[int, int]]:
+    """[start, end) spans of `ENTROPY_ROWS` rows covering `rows`; a last span of one row joins
+    the one before it. Why: a sum with a single output is the one reduction whose CPU kernel
+    splits the row itself over threads (two passes), so a lone row's bits could differ from
+    the same row's among others; every sum of two or more rows reduces each row alike."""
+    starts = list(range(0, max(rows, 1), ENTROPY_ROWS))
+    if len(starts) > 1 and rows - starts[-1] == 1:
+        starts.pop()
+    return list(zip(starts, [*starts[1:], rows], strict=True))
 
 
 def policy_logprobs(
@@ -169,7 +200,8 @@ def _head_score(
     states: Tensor, targets: Tensor, head: nn.Module, sampling: SamplingSettings
 ) -> tuple[Tensor, Tensor]:
     """(log-probs, entropies) [n] of n positions' next tokens from their hidden states [n, H]."""
-    return _score(head(states), targets, sampling)  # logits (n, V) live only in here
+    # No name holds the logits (n, V) here: `_score` frees them after their log-softmax.
+    return _score(head(states), targets, sampling)
 
 
 @contextmanager

@@ -12,6 +12,7 @@ that the mean over ranks (`all_reduce_stats`) is the minibatch's loss.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -80,10 +81,14 @@ class MinibatchUpdates:
     dist: DistContext
 
     def _logprobs(self, module: nn.Module, part: MicroBatch) -> Tensor:
+        """The part's log-probs; call it inside `_replaying(part)` (MoE routing replay)."""
         ids, attn = take(self.rows.ids, part), take(self.rows.attn, part)
-        with self.routing.replay(part.rows, part.width):  # MoE routing replay (old | rollout)
-            chunk = self.learner.logprob_chunk_tokens
-            return policy_logprobs(module, ids, attn, self.sampling, chunk)[0]  # (b, width)
+        chunk = self.learner.logprob_chunk_tokens
+        return policy_logprobs(module, ids, attn, self.sampling, chunk)[0]  # (b, width)
+
+    def _replaying(self, part: MicroBatch) -> AbstractContextManager[None]:
+        """MoE routing replay (old | rollout) of the part's rows; a no-op otherwise."""
+        return self.routing.replay(part.rows, part.width)
 
     def policy(
         self, share: Tensor, parts: list[MicroBatch], totals: LossTotals
@@ -107,7 +112,13 @@ class MinibatchUpdates:
 
         grad_clip = self.learner.grad_clip
         grad_norm, kept = accumulate(
-            self.models.policy, parts, part_loss, max_norm=grad_clip, dist=self.dist, what="policy"
+            self.models.policy,
+            parts,
+            part_loss,
+            max_norm=grad_clip,
+            dist=self.dist,
+            what="policy",
+            around=self._replaying,  # its hooks stay through a checkpointed backward
         )
         terms, mask = self._whole(kept, parts, share)
         loss = reduce_loss(terms.loss, mask.sum(-1), totals, self.max_len)
@@ -121,7 +132,10 @@ class MinibatchUpdates:
             return None
         with torch.no_grad():
             policy = unwrap(self.models.policy.module)
-            outputs = [self._logprobs(policy, part).float() for part in parts]
+            outputs = []
+            for part in parts:
+                with self._replaying(part):
+                    outputs.append(self._logprobs(policy, part).float())
         mask = self.rows.mask[share]  # (n, L)
         logprobs = assemble(outputs, parts, *mask.shape)  # (n, L)
         whole = PolicyBatch.of(logprobs, self.rows.old_lp[share], self.rows.advantages[share], mask)

@@ -7,19 +7,23 @@ between two different sub-networks. The paper's GRPO baseline needs *routing rep
 experts pi_old activated and reuse them in pi_theta's forward - while GSPO's sequence ratio does
 not. This module supplies that option and the diagnostics that show the effect:
 
-- `capture_routing` records each router's top-k expert indices during a forward, and of its
-  logits only what the metrics need, each token's router entropy (`router_entropy`), reduced in
-  the hook: the [tokens, experts] float32 logits are never kept (at the GSPO paper's scale,
-  Qwen3-30B-A3B, 48 layers x 128 experts, they were 24 KiB a token);
+- `capture_routing` records each router's top-k expert indices during a forward (one byte each
+  up to 256 experts, `index_dtype`), and of its logits only what the metrics need, each
+  token's router entropy (`router_entropy`), reduced in the hook: the [tokens, experts]
+  float32 logits are never kept (at the GSPO paper's scale, Qwen3-30B-A3B, 48 layers x 128
+  experts, they were 24 KiB a token);
 - `replay_routing` makes a forward use given top-k indices, with the gates still computed by the
   current router (softmax over all experts, gathered at the replayed experts and renormalised
   when `norm_topk_prob`, exactly as the router computes them for its own choice);
 - `routing_metrics` turns two captures into `moe/*` metrics (pure functions of tensors);
 - `StepRouting` is the small object `learner.runtime.step.train_on_batch` calls. Its forwards
   (pi_old's, and the routing forward of the metrics) run in the step's micro-batches
-  (`learner.micro_batch_tokens`), each captured on its own and put back in the batch's rows
-  (`place`): a routing pass holds one micro-batch's activations, as a dense pass does, beside
-  the batch's record of experts and entropies (8 k + 4 bytes a token a sparse layer).
+  (`learner.micro_batch_tokens`). pi_old's are each captured on their own and put back in the
+  batch's rows of a record in host memory (`learner.runtime.moe_record`: k + 4 bytes a token a
+  sparse layer up to 256 experts), so a routing pass holds one micro-batch's activations and
+  capture on the device, as a dense pass holds its activations. The metrics' forwards are
+  compared with the matching slice of that record part by part (`RoutingTally`), so no second
+  record of the batch is ever made.
 
 Routing replay comes in two flavours (`ArmConfig.routing_replay`):
 - `old` (R2-style): replay the experts of the learner's own start-of-step forward, so pi_theta
@@ -34,8 +38,8 @@ Routing replay comes in two flavours (`ArmConfig.routing_replay`):
 
 Both work through forward hooks on the router modules (`learner.runtime.moe_hooks`: capture
 and replay, and which routers are supported); the metrics are pure functions of the captured
-tensors (`learner.runtime.moe_metrics`). This module keeps a step's routing records and their
-assembly from micro-batches, and re-exports the other two.
+tensors (`learner.runtime.moe_metrics`), and the step's record is assembled from micro-batches
+in `learner.runtime.moe_record`. This module drives them for a step, and re-exports the others.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from learner.runtime.moe_hooks import (
     Routing,
     RoutingRecorder,
     capture_routing,
+    index_dtype,
     is_moe,
     replay_experts,
     replay_routing,
@@ -62,25 +67,41 @@ from learner.runtime.moe_hooks import (
     router_modules,
 )
 from learner.runtime.moe_metrics import (
+    change_fraction,
+    changed_per_layer,
+    expert_counts_per_layer,
+    load_imbalance_of_counts,
     load_imbalance_per_layer,
     masked_mean_per_layer,
     predicting_positions,
     router_entropy_per_layer,
     routing_change_per_layer,
 )
+from learner.runtime.moe_record import (
+    PartCaptures,
+    blank_routing,
+    cut,
+    host_copy,
+    is_whole,
+    part_width,
+    place,
+)
 from learner.runtime.update import MicroBatch, take
 from learner.vocabulary import RoutingReplay
 
-__all__ = [  # the hooks and the metric functions live next door, re-exported here
+__all__ = [  # the hooks, the metric functions and the record live next door, re-exported here
     "MOE_METRICS",
     "ROLLOUT_METRICS",
     "ROUTER_TYPES",
     "PartContext",
     "Routing",
     "RoutingRecorder",
+    "RoutingTally",
     "StepRouting",
     "blank_routing",
     "capture_routing",
+    "host_copy",
+    "index_dtype",
     "is_moe",
     "is_whole",
     "load_imbalance_per_layer",
@@ -102,59 +123,71 @@ MOE_METRICS = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_
 ROLLOUT_METRICS = (M.MOE_ROLLOUT_ROUTING_MISMATCH,)  # only when the batch carries routing
 
 
-def blank_routing(like: Routing, batch: int, length: int) -> Routing:
-    """A `batch` x `length` routing with `like`'s layers, top-k and experts, before any
-    micro-batch is placed in it (`place`).
+class RoutingTally:
+    """The `moe/*` metrics' integer counts, added up one micro-batch part at a time (`add`):
+    each layer's tokens per expert under `old` (load imbalance), and its tokens whose expert
+    set differs between `old` and `new` (routing change) or `old` and the generator's `rollout`
+    (rollout mismatch). Counts add exactly, so any split gives the whole batch's metrics bit for
+    bit; the router entropy, a float mean, is taken from `old`'s whole record (`metrics`).
 
-    What stays of it is at the positions no micro-batch computes, beyond its width: padding
-    only (a part is as wide as its longest row). There every token gets experts 0..k-1 (a valid
-    set, as `buffer.collate` fills the generator's unrecorded positions) and entropy 0. Neither
-    reaches a real token: a causal forward's output at p never depends on later positions (so
-    replaying the fill into an update's padding changes no real token's log-prob), and the
-    metrics read only positions that score a response token (`predicting_positions`)."""
-    layers, _, _, top_k = like.indices.shape
-    device = like.indices.device
-    experts = torch.arange(top_k, device=device).expand(layers, batch, length, top_k)
-    entropy = torch.zeros(layers, batch, length, dtype=like.entropy.dtype, device=device)
-    return Routing(experts.clone(), entropy, like.num_experts)
+    `scored` (B, L) are the positions that count (`predicting_positions`), on the device."""
 
+    def __init__(self, old: Routing, scored: Tensor, rollout: bool) -> None:
+        layers = int(old.indices.shape[0])
+        self.old, self.scored, self.scored_host = old, scored, scored.cpu()
+        self.experts = torch.zeros(layers, old.num_experts, dtype=torch.float64)  # on the host
+        self.changed = torch.zeros(layers, dtype=torch.int64, device=scored.device)
+        self.mismatched = torch.zeros_like(self.changed) if rollout else None
 
-def place(whole: Routing, piece: Routing, part: MicroBatch) -> None:
-    """Write a micro-batch's routing (layers, b, width, ...) into its rows of `whole`, in place:
-    rows `part.rows` of the step batch, positions up to the part's width."""
-    width = piece.indices.shape[2]
-    whole.indices[:, part.rows, :width] = piece.indices.to(whole.indices.device)
-    whole.entropy[:, part.rows, :width] = piece.entropy.to(whole.entropy.device)
+    def add(self, rows: Tensor, width: int | None, new: Tensor, rollout: Tensor | None) -> None:
+        """Count rows `rows` up to `width` (a part; None: every position): `new` and `rollout`
+        are their experts (layers, b, width, k) on the device; `old`'s are cut from its record."""
+        old = cut(self.old.indices, rows, width)  # (layers, b, width, k) where the record is
+        scored_host = self.scored_host[rows, :width]  # (b, width)
+        self.experts += expert_counts_per_layer(old, scored_host, self.old.num_experts)
+        old = old.to(new.device)  # one part's experts on the device
+        scored = self.scored[rows.to(self.scored.device), :width]  # (b, width)
+        self.changed += changed_per_layer(old, new, scored)
+        if self.mismatched is not None:
+            assert rollout is not None
+            self.mismatched += changed_per_layer(old, rollout, scored)
+
+    def metrics(self) -> dict[str, float]:
+        """Each metric averaged over layers (`MOE_METRICS`, and `ROLLOUT_METRICS` with a
+        rollout), all NaN when no position is scored."""
+        names = MOE_METRICS + (ROLLOUT_METRICS if self.mismatched is not None else ())
+        if not bool(self.scored.any()):
+            return {name: math.nan for name in names}
+        stats = {}
+        if self.mismatched is not None:
+            mismatch = change_fraction(self.mismatched, self.scored)
+            stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = float(mismatch.mean())
+        entropy = masked_mean_per_layer(self.old.entropy, self.scored)  # one layer at a time
+        return stats | {
+            M.MOE_LOAD_IMBALANCE: float(load_imbalance_of_counts(self.experts).mean()),
+            M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
+            M.MOE_ROUTING_CHANGE_FRAC: float(change_fraction(self.changed, self.scored).mean()),
+        }
 
 
 def routing_metrics(
     old: Routing, new: Routing, mask: Tensor, rollout: Tensor | None = None
 ) -> dict[str, float]:
-    """The registered `moe/*` metrics, each averaged over layers.
+    """The registered `moe/*` metrics of whole-batch captures, each averaged over layers.
 
     Load imbalance and router entropy describe `old` (the policy at the start of the step, like
     `policy/entropy`); the change fraction compares `old` with `new` (after the step's updates).
     Given the generator's `rollout` experts (layers, B, L, k), the rollout mismatch compares them
     with `old`: the share of positions where the learner's own router picks another expert set
-    than the sampler did (what R3 replay removes).
+    than the sampler did (what R3 replay removes). A step counts them part by part instead
+    (`StepRouting.metrics`), with the same `RoutingTally`.
     """
     mask = mask.float()
-    names = MOE_METRICS + (ROLLOUT_METRICS if rollout is not None else ())
-    if not bool(mask.any()):
-        return {name: math.nan for name in names}
-    rollout_stats = {}
-    if rollout is not None:
-        mismatch = routing_change_per_layer(old.indices, rollout.to(old.indices.device), mask)
-        rollout_stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = float(mismatch.mean())
-    return rollout_stats | {
-        M.MOE_LOAD_IMBALANCE: float(
-            load_imbalance_per_layer(old.indices, mask, old.num_experts).mean()
-        ),
-        M.MOE_ROUTER_ENTROPY: float(masked_mean_per_layer(old.entropy, mask).mean()),
-        M.MOE_ROUTING_CHANGE_FRAC: float(
-            routing_change_per_layer(old.indices, new.indices, mask).mean()
-        ),
-    }
+    tally = RoutingTally(old, mask, rollout is not None)
+    every = torch.arange(mask.shape[0])
+    device = mask.device
+    tally.add(every, None, new.indices.to(device), None if rollout is None else rollout.to(device))
+    return tally.metrics()
 
 
 PartContext = Callable[[MicroBatch], AbstractContextManager[None]]
@@ -166,51 +199,6 @@ def no_part_context(_part: MicroBatch) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
-def is_whole(parts: list[MicroBatch]) -> bool:
-    """One part at the batch's width (no `learner.micro_batch_tokens`): the batch itself, which
-    is then used as it is, not copied row by row (`update.assemble` reads it the same way)."""
-    return len(parts) == 1 and parts[0].width is None
-
-
-def _width(part: MicroBatch, length: int) -> int:
-    """The positions the micro-batch's forward computes: its width, or the batch's (None)."""
-    return length if part.width is None else part.width
-
-
-class _PartCaptures:
-    """The step batch's routing, captured one micro-batch forward at a time (`around`).
-
-    One part at the batch's width (no `learner.micro_batch_tokens`) is the batch's routing as
-    captured, bit for bit and without a copy; several are placed into one `blank_routing` as
-    they come, so a part's capture is dropped before the next forward runs."""
-
-    def __init__(self, policy: nn.Module, parts: list[MicroBatch], batch: int, length: int) -> None:
-        self.policy, self.parts, self.batch, self.length = policy, parts, batch, length
-        self.whole: Routing | None = None
-        self.captured = 0
-
-    @contextmanager
-    def around(self, part: MicroBatch) -> Iterator[None]:
-        with capture_routing(self.policy) as recorder:
-            yield
-        piece = recorder.routing(int(part.rows.numel()), _width(part, self.length))
-        self.captured += 1
-        if is_whole(self.parts):
-            self.whole = piece
-            return
-        if self.whole is None:
-            self.whole = blank_routing(piece, self.batch, self.length)
-        place(self.whole, piece, part)
-
-    def routing(self) -> Routing:
-        if self.whole is None or self.captured != len(self.parts):
-            raise RuntimeError(
-                f"routing captured for {self.captured} of {len(self.parts)} micro-batches: run "
-                "each part's forward inside the context `StepRouting.capture_old` yields"
-            )
-        return self.whole
-
-
 class StepRouting:
     """The MoE part of one learner step; every method is a no-op for a dense policy.
 
@@ -218,15 +206,17 @@ class StepRouting:
        recompute`) in the step's micro-batches (`learner.micro_batch_tokens`, the parts of
        `step._score`): it yields the context each part's forward runs in, captures that part's
        routing, and on exit keeps the learner's own routing of the whole batch (`old`), put back
-       in place (layers, B, L, k). So the pass holds one micro-batch's forward at a time, as a
-       dense one does, plus the batch's record (experts and per-token router entropy, never
-       the router logits);
+       in place (layers, B, L, k) in host memory (`learner.runtime.moe_record`). So the pass
+       holds one micro-batch's forward and capture at a time on the device, as a dense one
+       holds its forward; the batch's record (experts and per-token router entropy, never the
+       router logits) waits on the host;
     2. `replay(rows, width)` wraps a minibatch (or micro-batch, cut to `width` positions)
-       forward: `routing_replay: old` replays `old`'s experts of those rows, `rollout` the
-       generator's (`rollout`, from `RolloutBatch.routed_experts`);
+       forward: `routing_replay: old` replays `old`'s experts of those rows (that slice moved
+       to the device), `rollout` the generator's (`rollout`, from `RolloutBatch.routed_experts`);
     3. `metrics(mask)` runs one extra no-grad pass of the updated policy, in the same parts
-       (the same on every rank, so FSDP's per-forward gathers match), and returns `moe/*` over
-       the positions that score response tokens (`predicting_positions`).
+       (the same on every rank, so FSDP's per-forward gathers match), counts each part's
+       routing against the same rows of `old` (`RoutingTally`) and returns `moe/*` over the
+       positions that score response tokens (`predicting_positions`).
 
     With `rollout` each part's start-of-step forward replays the generator's experts of its rows
     (pi_old on the sampler's sub-network), and `old` comes from one extra no-grad pass without
@@ -287,7 +277,7 @@ class StepRouting:
             yield self._replay_rollout  # pi_old: the learner's weights on the generator's experts
             self.old = self._own_routing()  # the learner's own routing of the batch, no replay
             return
-        captures = _PartCaptures(self.policy, parts, self.batch, self.length)
+        captures = PartCaptures(self.policy, parts, self.batch, self.length)
         yield captures.around
         self.old = captures.routing()
 
@@ -297,25 +287,34 @@ class StepRouting:
         experts = self.rollout if whole else self.rollout[:, part.rows, : part.width]
         return replay_experts(self.policy, experts)
 
+    def _route(self, part: MicroBatch) -> None:
+        """A no-grad forward of the part's rows for its routers' sake: `logits_to_keep=1` has
+        the causal LM project only the last position, so no [tokens, vocabulary] logits."""
+        ids, attn = self.input_ids, self.attention_mask
+        whole = is_whole(self.parts)
+        self.policy(
+            input_ids=ids if whole else take(ids, part),
+            attention_mask=attn if whole else take(attn, part),
+            use_cache=False,
+            logits_to_keep=1,
+        )
+
     @torch.no_grad()
     def _own_routing(self) -> Routing:
-        """The policy's own routing of the step's batch, from no-grad forwards without replay,
-        one per micro-batch of `capture_old`'s parts.
-
-        The routers are all it needs: `logits_to_keep=1` has the causal LM project only the
-        last position, so no [tokens, vocabulary] logits are made for it."""
-        captures = _PartCaptures(self.policy, self.parts, self.batch, self.length)
-        whole = is_whole(self.parts)
+        """The policy's own routing of the step's batch (a record on the host), from no-grad
+        forwards without replay, one per micro-batch of `capture_old`'s parts."""
+        captures = PartCaptures(self.policy, self.parts, self.batch, self.length)
         for part in self.parts:
-            ids, attn = self.input_ids, self.attention_mask
             with captures.around(part):
-                self.policy(
-                    input_ids=ids if whole else take(ids, part),
-                    attention_mask=attn if whole else take(attn, part),
-                    use_cache=False,
-                    logits_to_keep=1,
-                )
+                self._route(part)
         return captures.routing()
+
+    @torch.no_grad()
+    def _own_experts(self, part: MicroBatch) -> Tensor:
+        """The policy's own experts of one part's rows (layers, b, width, k), on the device."""
+        with capture_routing(self.policy) as recorder:
+            self._route(part)
+        return recorder.indices(int(part.rows.numel()), part_width(part, self.length))
 
     def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
         if self.mode == "off" or not self.active:
@@ -325,7 +324,8 @@ class StepRouting:
             return replay_experts(self.policy, self.rollout[:, rows, :width])
         if self.old is None:
             raise RuntimeError("StepRouting.replay before capture_old: pi_old's routing is unset")
-        return replay_routing(self.policy, self.old.rows(rows, width))
+        experts = cut(self.old.indices, rows, width).to(self.input_ids.device)  # (layers,b,w,k)
+        return replay_experts(self.policy, experts)
 
     @torch.no_grad()
     def metrics(self, mask: Tensor) -> dict[str, float]:
@@ -333,8 +333,12 @@ class StepRouting:
             return {}
         if self.old is None:
             raise RuntimeError("StepRouting.metrics before capture_old: pi_old's routing is unset")
-        new = self._own_routing()
-        return routing_metrics(self.old, new, predicting_positions(mask), self.rollout)
+        scored = predicting_positions(mask).float()  # (B, L)
+        tally = RoutingTally(self.old, scored, self.rollout is not None)
+        for part in self.parts:
+            rollout = None if self.rollout is None else cut(self.rollout, part.rows, part.width)
+            tally.add(part.rows, part.width, self._own_experts(part), rollout)
+        return tally.metrics()
 
 
 def _check_rollout(rollout: Tensor, routers: list[nn.Module], shape: tuple[int, int]) -> None:

@@ -6,11 +6,13 @@ those whose forward is "softmax over experts, top-k, optional renormalisation" a
 `(router_logits, scores, indices)`: the Qwen3-MoE and Qwen2-MoE `TopKRouter`s of transformers 5
 (`modeling_qwen3_moe.py`). A model with none of them is treated as dense.
 
-- `capture_routing` records each router's top-k expert indices during a forward, and of its
-  logits only what the metrics need, each token's router entropy (`router_entropy`), reduced in
-  the hook: the [tokens, experts] float32 logits are never kept;
+- `capture_routing` records each router's top-k expert indices during a forward, in the
+  smallest integer dtype that holds the router's expert count (`index_dtype`: one byte a choice
+  up to 256 experts), and of its logits only what the metrics need, each token's router entropy
+  (`router_entropy`), reduced in the hook: the [tokens, experts] float32 logits are never kept;
 - `replay_experts` / `replay_routing` make a forward use given top-k indices, with the gates
-  still computed by the current router (`replayed_scores`).
+  still computed by the current router (`replayed_scores`); the indices are widened to int64
+  (what `gather` and the experts' dispatch index with) one layer at a time, in the hook.
 The torch generator records its rollouts' experts with the same capture.
 """
 
@@ -30,20 +32,28 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 ROUTER_TYPES: tuple[type[nn.Module], ...] = (Qwen3MoeTopKRouter, Qwen2MoeTopKRouter)
 
 
+def index_dtype(num_experts: int) -> torch.dtype:
+    """The smallest integer dtype holding every expert index 0 .. num_experts - 1: uint8 up to
+    256 experts (Qwen3-30B-A3B's 128), int16 up to 32,768, int32 beyond."""
+    if num_experts <= 2**8:
+        return torch.uint8
+    return torch.int16 if num_experts <= 2**15 else torch.int32
+
+
 @dataclass(frozen=True)
 class Routing:
     """Per-layer routing of one forward, reshaped to the batch: what replay and the metrics read.
 
     The router logits themselves are not kept: the metrics need only each token's entropy."""
 
-    indices: Tensor  # (layers, B, L, k) chosen experts, int64, in the router's order
+    indices: Tensor  # (layers, B, L, k) chosen experts, `index_dtype(E)`, in the router's order
     entropy: Tensor  # (layers, B, L) router entropy per token (nats), float32
     num_experts: int  # E, the router's output width
 
     def rows(self, rows: Tensor, width: int | None = None) -> Routing:
         """The routing of a subset of batch rows (a minibatch), cut to their first `width`
-        positions (a micro-batch trimmed to its longest row; None: all)."""
-        cut = (slice(None), rows, slice(None, width))
+        positions (a micro-batch trimmed to its longest row; None: all), where it is kept."""
+        cut = (slice(None), rows.to(self.indices.device), slice(None, width))
         return Routing(self.indices[cut], self.entropy[cut], self.num_experts)
 
 
@@ -74,16 +84,17 @@ class RoutingRecorder:
         self._experts = 0
 
     def record(self, layer: int, logits: Tensor, indices: Tensor) -> None:
-        """Keep the layer's chosen experts and its per-token entropy; the logits are dropped
-        here, so a capture holds 8 k + 4 bytes a token a layer, not also 4 E."""
+        """Keep the layer's chosen experts (in `index_dtype`) and its per-token entropy; the
+        logits are dropped here, so a capture holds k + 4 bytes a token a layer up to 256
+        experts (the router's int64 indices would be 8 k), not also 4 E."""
         if self._indices[layer] is not None:
             raise RuntimeError(
                 f"router of MoE layer {layer} ran twice under one capture_routing; capture "
                 "exactly one forward per context"
             )
-        self._entropy[layer] = router_entropy(logits.detach())  # (N,), N = B * L
-        self._indices[layer] = indices.detach()  # (N, k)
         self._experts = int(logits.shape[-1])
+        self._entropy[layer] = router_entropy(logits.detach())  # (N,), N = B * L
+        self._indices[layer] = indices.detach().to(index_dtype(self._experts))  # (N, k)
 
     def routing(self, batch: int, length: int) -> Routing:
         entropy = [t for t in self._entropy if t is not None]
@@ -148,7 +159,9 @@ def replay_routing(model: nn.Module, routing: Routing) -> AbstractContextManager
 
 @contextmanager
 def replay_experts(model: nn.Module, experts: Tensor) -> Iterator[None]:
-    """Forwards inside route token (b, p) of layer l to `experts[l, b, p]` (layers, B, L, k)."""
+    """Forwards inside route token (b, p) of layer l to `experts[l, b, p]` (layers, B, L, k),
+    of any integer dtype, best already on the forward's device (else each hook copies its
+    layer there)."""
     routers = router_modules(model)
     if len(routers) != experts.shape[0]:
         raise ValueError(
@@ -168,7 +181,8 @@ def replay_experts(model: nn.Module, experts: Tensor) -> Iterator[None]:
                     f"replay_routing: forward routes {logits.shape[0]} tokens, the replayed "
                     f"routing holds {indices.shape[0]}; pass Routing.rows(...) of this batch"
                 )
-            replayed = indices.to(logits.device)
+            # int64 for gather and the experts' dispatch; one layer of one forward at a time.
+            replayed = indices.to(device=logits.device, dtype=torch.int64)
             return logits, replayed_scores(logits, replayed, module.norm_topk_prob), replayed
 
         handles.append(router.register_forward_hook(hook))

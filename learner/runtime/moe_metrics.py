@@ -1,7 +1,9 @@
 """The `moe/*` step metrics as pure functions of routing tensors (hand-worked in the tests):
 load imbalance, router entropy and routing change, per layer over masked positions.
 
-`learner.runtime.moe.routing_metrics` averages them over layers for a step.
+Load imbalance and routing change are ratios of integer counts (`expert_counts_per_layer`,
+`changed_per_layer`), so a step can count them one micro-batch at a time and add the counts:
+exact, whatever the split. `learner.runtime.moe.routing_metrics` averages them over layers.
 """
 
 from __future__ import annotations
@@ -19,16 +21,27 @@ def load_imbalance_per_layer(indices: Tensor, mask: Tensor, num_experts: int) ->
     indices (layers, B, L, k); mask (B, L). Each token counts once for each of its k experts,
     so the mean load is tokens * k / E (Switch Transformer's notion of load, Fedus et al. 2021).
     """
-    chosen = indices[:, mask.bool()]  # (layers, n, k)
-    flat = chosen.reshape(chosen.shape[0], -1).cpu()  # (layers, n * k), counted on the host
+    return load_imbalance_of_counts(expert_counts_per_layer(indices, mask, num_experts))
+
+
+def expert_counts_per_layer(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:
+    """Masked tokens routed to each expert, per layer (layers, E), float64 (exact integers),
+    counted on the host; indices (layers, B, L, k) of any integer dtype, mask (B, L)."""
+    chosen = indices[:, mask.bool().to(indices.device)]  # (layers, n, k)
+    flat = chosen.reshape(chosen.shape[0], -1).cpu().long()  # (layers, n * k): scatter's index
     counts = torch.zeros(flat.shape[0], num_experts, dtype=torch.float64)  # (layers, E)
-    counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
+    return counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
+
+
+def load_imbalance_of_counts(counts: Tensor) -> Tensor:
+    """max / mean of each layer's expert counts (layers, E) -> [layers]."""
     return counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-12)
 
 
 def masked_mean_per_layer(values: Tensor, mask: Tensor) -> Tensor:
-    """values (layers, B, L) averaged over the masked tokens (B, L), per layer [layers]."""
-    return torch.stack([masked_mean(layer, mask) for layer in values])
+    """values (layers, B, L) averaged over the masked tokens (B, L), per layer [layers]; each
+    layer is moved to the mask's device on its own (a host record never goes there whole)."""
+    return torch.stack([masked_mean(layer.to(mask.device), mask) for layer in values])
 
 
 def router_entropy_per_layer(logits: Tensor, mask: Tensor) -> Tensor:
@@ -41,15 +54,26 @@ def routing_change_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
     """Fraction of masked tokens whose top-k expert *set* differs, per layer [layers].
 
     Sets, not sequences: topk orders experts by gate value, and a swap of order routes the token
-    through the same sub-network. One layer at a time, so the sorted copies are a layer's, not
-    the batch record's (at the step's scale that is what the `moe/*` computation peaks on).
-    """
+    through the same sub-network."""
+    return change_fraction(changed_per_layer(old, new, mask), mask)
+
+
+def changed_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
+    """Masked tokens whose top-k expert set differs between `old` and `new` (layers, B, L, k),
+    per layer [layers], int64. One layer at a time, so the sorted copies are a layer's."""
+    kept = mask.bool()  # (B, L)
     return torch.stack(
         [
-            masked_mean(_set_changed(old_layer, new_layer).float(), mask)
+            (_set_changed(old_layer, new_layer) & kept).sum()
             for old_layer, new_layer in zip(old, new, strict=True)
         ]
     )
+
+
+def change_fraction(changed: Tensor, mask: Tensor) -> Tensor:
+    """Changed counts [layers] / masked tokens, float32: what `masked_mean` of the 0/1 change
+    gives (its float32 sum of 0s and 1s is the exact count below 2^24 tokens)."""
+    return changed.float() / mask.bool().sum().clamp_min(1)
 
 
 def _set_changed(old: Tensor, new: Tensor) -> Tensor:

@@ -3,8 +3,13 @@
 Why FSDP2 (`torch.distributed.fsdp.fully_shard`) and not DDP for large models: DDP keeps the
 whole model, its gradients and AdamW's two moments on every rank (16 bytes a parameter in
 float32), FSDP splits all of them over the ranks and gathers one decoder block's parameters at a
-time for its forward and backward. Each decoder block is its own FSDP unit, the root (embeddings,
-final norm, output head) another, so at most about two blocks' full parameters exist at once.
+time for its forward and backward. Each decoder block is its own FSDP unit, the root (final
+norm, output head) another, so at most about two blocks' full parameters exist at once beside
+the root's, which FSDP2 keeps gathered from forward to backward. An untied model's input
+embedding is a unit of its own (`embedding_unit`): gathered for its forward and its backward
+only, not held with the root. The output head stays in the root: chunked log-probs
+(`learner.runtime.forward`) call it once a chunk, a number that differs between ranks, and a
+unit of its own would gather in every call (a collective the other ranks would not join).
 
 What stays the same as under DDP: every rank holds the whole batch, trains its share of each
 minibatch, and the gradient is averaged over ranks (FSDP2's reduce-scatter divides by the number
@@ -51,9 +56,26 @@ def decoder_blocks(module: nn.Module) -> list[nn.Module]:
     )
 
 
+def embedding_unit(module: nn.Module) -> nn.Module | None:
+    """The input embedding of a causal LM or of the critic's backbone, to shard as its own unit;
+    None when it is tied to the output head (one parameter stays in one unit: the root) or the
+    model has none. Every forward calls it exactly once on every rank, so its gathers line up."""
+    target = getattr(module, "backbone", module)
+    get_input = getattr(target, "get_input_embeddings", None)
+    embedding = get_input() if get_input is not None else None
+    if not isinstance(embedding, nn.Module):
+        return None
+    get_output = getattr(module, "get_output_embeddings", None)
+    head = get_output() if get_output is not None else None
+    if head is not None and getattr(head, "weight", None) is embedding.weight:
+        return None  # tied
+    return embedding
+
+
 def shard(module: nn.Module, cfg: LearnerConfig) -> nn.Module:
-    """`fully_shard` each decoder block, then the root, with the learner's precision (and CPU
-    offload); returns the same module, now an FSDPModule.
+    """`fully_shard` each decoder block, an untied input embedding (`embedding_unit`), then the
+    root, with the learner's precision (and CPU offload); returns the same module, now an
+    FSDPModule.
 
     Give it the module on the CPU: FSDP moves each unit to the learner's device as it shards
     it, so the device never holds more than the shards done so far and one whole unit (the
@@ -68,6 +90,8 @@ def shard(module: nn.Module, cfg: LearnerConfig) -> nn.Module:
         options["offload_policy"] = CPUOffloadPolicy()
     for block in decoder_blocks(module):
         fully_shard(block, **options)
+    if (embedding := embedding_unit(module)) is not None:
+        fully_shard(embedding, **options)
     fully_shard(module, **options)
     return module
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -186,6 +187,10 @@ def _local_grads(module: nn.Module, *, keep: bool) -> contextlib.AbstractContext
     return contextlib.nullcontext()
 
 
+def _nothing(_part: MicroBatch) -> AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
 def accumulate(
     opt: Optimised,
     parts: list[MicroBatch],
@@ -194,10 +199,16 @@ def accumulate(
     max_norm: float,
     dist: DistContext,
     what: str,
+    around: Callable[[MicroBatch], AbstractContextManager[None]] | None = None,
 ) -> tuple[float, list[Kept]]:
     """One clipped optimizer step on the sum of the micro-batches' gradients; returns the
     gradient norm and what each part kept (`part_loss`: a part -> its loss and what to keep of
     it, without a graph).
+
+    `around(part)` is entered around a part's forward *and* its backward: MoE routing replay,
+    whose router hooks must still be in place when activation checkpointing recomputes the
+    blocks in backward (else the recompute routes the tokens anew and the saved tensors no
+    longer match).
 
     Each part's loss divides by the whole minibatch's totals, so the sum is the minibatch's
     gradient; DDP averages over ranks, hence the one loss scale, x world_size. Under DDP only
@@ -209,7 +220,7 @@ def accumulate(
     bad = 0.0
     for k, part in enumerate(parts):
         last = k == len(parts) - 1
-        with _local_grads(opt.module, keep=not last):
+        with _local_grads(opt.module, keep=not last), (around or _nothing)(part):
             loss, keep = part_loss(part)
             bad += _non_finite(f"{what} loss", loss, dist)
             if last:

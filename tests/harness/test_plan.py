@@ -7,8 +7,9 @@ and an MoE model in a fresh process and read its resident-memory high-water mark
 transient copies are not counted; glibc's mmap threshold is fixed at 64 KiB so freed tensors
 leave the resident set at once instead of staying in malloc's heap. The estimate must be within
 0.8x-1.25x of the measured increase in every setting (each run prints its ratios; they were
-0.93x-1.14x for the dense model and 0.90x-1.09x for the MoE when written, with an MoE policy's
-pi_old and routing passes in micro-batches and its routing record of experts and entropies).
+0.93x-1.09x for the dense model and 0.90x-1.05x for the MoE when written, with an MoE policy's
+pi_old and routing passes in micro-batches, its routing record of uint8 experts and entropies in
+host memory, and the entropy of log-probs reduced 128 positions at a time).
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ from harness.overrides import ConfigError
 from harness.planning.activations import attention_saved, mlp_saved
 from harness.planning.architecture import load_shape
 from harness.planning.memory import (
+    ENTROPY_ROWS,
     ROUTED_MODEL_TYPES,
     Phase,
     estimate,
+    expert_index_bytes,
+    fsdp_units,
+    gathered_units,
     logit_bytes,
     routing_record,
     scoring_passes,
@@ -143,9 +148,19 @@ def test_activation_and_logit_bytes_by_hand(tmp_path: Path):
     # bf16: RMSNorm (4 + 2) * 16 = 96, output 32, 5 * 2 * 16 = 160, log-sum-exp 16.
     assert attention_saved(shape, 2) == 96 + 32 + 160 + 16
     setup = LearnerSetup(seq_len=10, logprob_chunk_tokens=4)
-    # 4 chunked positions x 100 entries x (4 float32 logits + 13 bytes of log-prob copies)
-    assert logit_bytes(shape, setup, 50, chunked=True) == 4 * 100 * 17
+    # A chunk of 4 positions x 100 entries, float32: making the log-softmax holds the logits,
+    # the scaled copy and the log-softmax, 4 + 8 = 12 bytes a logit; the entropy then holds
+    # the log-softmax (4) and, the chunk being under ENTROPY_ROWS (128), exp * log p, where
+    # and mask (9) of every logit, the chunk's logits freed: 13. Backward: 12.
+    assert logit_bytes(shape, setup, 50, chunked=True) == 4 * 100 * 13
+    assert logit_bytes(shape, setup, 50, chunked=True, backward=True) == 4 * 100 * 13
+    # Unchunked, the model's logits (4) stay beside the entropy: 4 + 4 + 9 = 17 a logit.
     assert logit_bytes(shape, setup, 50, chunked=False) == 50 * 100 * 17
+    # bf16, chunks of 1024: the log-softmax moment 2 + 8 = 10 a logit is over the entropy's
+    # 1024 * 100 * 4 + 128 * 100 * 9 = 524,800 bytes; a gradient pass's backward, 12 a logit.
+    bf16 = LearnerSetup(dtype="bfloat16", seq_len=10, logprob_chunk_tokens=1024)
+    assert logit_bytes(shape, bf16, 4096, chunked=True) == 1024 * 100 * 10
+    assert logit_bytes(shape, bf16, 4096, chunked=True, backward=True) == 1024 * 100 * 12
 
 
 def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
@@ -197,6 +212,21 @@ def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
         assert (update.gradients, update.gathered) == (4 * n / 8, gathered)
 
 
+def test_fsdp_gathers_an_untied_embedding_as_its_own_unit(tmp_path: Path):
+    """`learner.runtime.sharding.shard` makes an untied model's input embedding a unit of its
+    own, so the root (kept gathered from forward to backward) is the final norm and the head."""
+    shape = load_shape(_write_config(tmp_path / "q", CONFIGS["qwen2"][0]))  # untied
+    # CONFIGS' qwen2: embedding 1600, head 1600 + final norm 16 = root 1616, blocks of 2752.
+    assert fsdp_units(shape) == (1616, 1600)
+    setup = LearnerSetup(gpus=2, parallel="fsdp", dtype="bfloat16")
+    # bf16: the root and two blocks, 2 * (1616 + 2 * 2752) = 14,240 (at the embedding's
+    # forward, 1600 + one block is less); backward adds a block's gradient in bf16 and float32.
+    assert gathered_units(shape, setup, backward=False) == 14_240
+    assert gathered_units(shape, setup, backward=True) == 14_240 + (2 + 4) * 2752
+    tied = dataclasses.replace(shape, tied_embeddings=True)  # the embedding is the head
+    assert fsdp_units(tied) == (1616, 0)
+
+
 # Tiny float32 qwen2 (CONFIGS): a no-grad forward keeps, per token, one block's working set
 # (residual in and out 2 * 4 * 16, RMSNorm float32 temporaries 2 * 4 * 16, its output 4 * 16
 # = 320, then the MLP's 3 * 4 * 40 = 480 over attention's 5 * 4 * 16 = 320), the final hidden
@@ -226,9 +256,10 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
     """Tiny float32 qwen3_moe (CONFIGS: 4 experts, top-2, layer 0 sparse, head_dim 8)."""
     shape = load_shape(_write_config(tmp_path / "m", CONFIGS["qwen3_moe"][0]))
     setup = LearnerSetup(groups=2, group_size=4, seq_len=10, micro_batch_tokens=25)
-    # Routing record: 1 sparse layer x (int64 experts 2 x 8 + float32 entropy 4) = 20 bytes a
-    # token (no router logits), 80 tokens; a part (2 rows) captures 20 of them.
-    record, capture = 80 * 20, 20 * 20
+    # Routing record: 1 sparse layer x (uint8 experts 2 x 1 + float32 entropy 4) = 6 bytes a
+    # token (no router logits), 80 tokens, in host memory; a part (2 rows) captures 20 of them
+    # on the device, and its experts alone are 20 x 2.
+    record, capture, experts = 80 * 6, 20 * 6, 20 * 2
     assert routing_record(shape, setup) == record
     # No-grad working set a token: residual and norm 320, attention 5 * 4 * 32 = 640 (over the
     # dense MLP's 480 and the sparse one's: the router's logits and, captured, the hook's three
@@ -237,21 +268,20 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
     part_forward = 20 * (320 + 640 + 64 + 64) + 2 * 500
     passes = scoring_passes(shape, setup, Phase())
     assert set(passes) == {"moe_pi_old", "moe_routing"}  # no reference, no critic
-    # pi_old: one part of 2 rows at a time (unchunked float32 logits and copies), its capture
-    # beside the batch's record the earlier parts were placed into.
+    # pi_old: one part of 2 rows at a time (unchunked float32 logits and copies) and its
+    # capture; the batch's record is on the host.
     assert passes["moe_pi_old"] == Phase(
-        activations=part_forward, logits=20 * 100 * 17, routing=record + capture
+        activations=part_forward, logits=20 * 100 * 17, routing=capture
     )
-    # The routing forward: logits_to_keep=1 (2 rows x 1 x 100 float32), pi_old's record kept
-    # beside the new one being placed.
+    # The routing forward: logits_to_keep=1 (2 rows x 1 x 100 float32) and the part's capture.
     assert passes["moe_routing"] == Phase(
-        activations=part_forward, logits=2 * 100 * 4, routing=2 * record + capture
+        activations=part_forward, logits=2 * 100 * 4, routing=capture
     )
     chosen = estimate(shape, setup)
     assert chosen.scoring_pass == "moe_pi_old"
-    assert chosen.update.routing == record  # pi_old's, kept for the updates
-    # Without a budget: one forward of the whole batch, whose capture is the record (no
-    # placed copy); the routing forward holds it beside pi_old's.
+    # The update's micro-batch (2 rows of 10): its slice of pi_old's experts, for replay.
+    assert chosen.update.routing == experts
+    # Without a budget: one forward of the whole batch and its capture, the record's size.
     whole = LearnerSetup(groups=2, group_size=4, seq_len=10)
     whole_forward = 80 * (320 + 640 + 64 + 64) + 8 * 500
     unsplit = scoring_passes(shape, whole, Phase())
@@ -259,35 +289,50 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
         activations=whole_forward, logits=80 * 100 * 17, routing=record
     )
     assert unsplit["moe_routing"] == Phase(
-        activations=whole_forward, logits=8 * 100 * 4, routing=2 * record
+        activations=whole_forward, logits=8 * 100 * 4, routing=record
     )
-    # A reference runs in micro-batches of 2 rows (not captured), beside pi_old's record.
+    # A reference runs in micro-batches of 2 rows (not captured): no routing on the device.
     with_reference = LearnerSetup(**(vars(setup) | {"reference": True}))
     micro = scoring_passes(shape, with_reference, Phase())["micro"]
-    assert micro == Phase(activations=part_forward, logits=20 * 100 * 17, routing=record)
+    assert micro == Phase(activations=part_forward, logits=20 * 100 * 17)
 
 
-def test_moe_routing_pass_peaks_where_the_records_outweigh_a_forward(tmp_path: Path):
-    """With many sparse layers (96 here) the routing records outweigh a part's forward. With a
-    budget the `moe/*` pass then peaks in `routing_metrics`: both records and load imbalance's
-    copy of pi_old's experts; without one, when the one part's capture is stacked beside
-    itself and pi_old's record (three records)."""
+def test_moe_routing_pass_peaks_where_a_parts_routing_outweighs_its_forward(tmp_path: Path):
+    """With very many sparse layers (1000 here) a part's routing outweighs its forward's
+    working set (one block's). pi_old's pass then peaks when the capture is stacked beside
+    itself; the `moe/*` pass when the part's experts are compared with pi_old's slice, moved to
+    the device, beside the capture being let go."""
     tiny = load_shape(_write_config(tmp_path / "m", CONFIGS["qwen3_moe"][0]))
     assert tiny.moe is not None
     shape = dataclasses.replace(
-        tiny, layers=96, moe=dataclasses.replace(tiny.moe, sparse_layers=96)
+        tiny, layers=1000, moe=dataclasses.replace(tiny.moe, sparse_layers=1000)
     )
-    # 96 x 20 bytes a token; load imbalance copies the experts only, 96 x 16 a token.
-    record, selected = 80 * 96 * 20, 80 * 96 * 16
+    # A part of 20 tokens: capture 20 x 1000 x 6 = 120,000, its experts 20 x 1000 x 2.
+    capture, experts = 20 * 1000 * 6, 20 * 1000 * 2
     split = LearnerSetup(groups=2, group_size=4, seq_len=10, micro_batch_tokens=25)
-    assert scoring_passes(shape, split, Phase())["moe_routing"] == Phase(
-        routing=2 * record + selected
-    )
+    passes = scoring_passes(shape, split, Phase())
+    # Forward moment of pi_old: 22,760 activations + 34,000 logits + capture < 2 x capture.
+    assert passes["moe_pi_old"] == Phase(routing=2 * capture)
+    # Forward moment of the moe/* pass: 22,760 + 800 + capture < capture + experts.
+    assert passes["moe_routing"] == Phase(routing=capture + experts)
     whole = LearnerSetup(groups=2, group_size=4, seq_len=10)
-    assert scoring_passes(shape, whole, Phase())["moe_routing"] == Phase(routing=3 * record)
+    unsplit = scoring_passes(shape, whole, Phase())
+    assert unsplit["moe_pi_old"] == Phase(routing=2 * 4 * capture)  # all 80 tokens at once
+    assert unsplit["moe_routing"] == Phase(routing=4 * (capture + experts))
+
+
+def test_planner_constants_are_the_learners():
+    from learner.runtime.forward import ENTROPY_ROWS as LEARNER_ENTROPY_ROWS
+    from learner.runtime.moe import index_dtype
+
+    assert ENTROPY_ROWS == LEARNER_ENTROPY_ROWS
+    for experts in (4, 128, 256, 257, 32_768, 32_769):
+        assert expert_index_bytes(experts) == index_dtype(experts).itemsize, experts
 
 
 def test_parse_size_units_and_errors():
+    assert parse_size("h100-80GB", "--gpu-memory") == 81_559 * 2**20  # 79.65 GiB, as it reports
+    assert parse_size("A100-80GB", "--gpu-memory") == 80 * 2**30
     assert parse_size("80GB", "--gpu-memory") == 80e9
     assert parse_size("80 GiB", "--gpu-memory") == 80 * 2**30
     assert parse_size("81920mib", "--gpu-memory") == 80 * 2**30
@@ -412,12 +457,14 @@ def test_estimate_is_within_a_quarter_of_a_measured_step(tmp_path: Path):
     measured, estimated = _measure_and_estimate("qwen2", tmp_path)
     # Both agree on what the options do: micro-batches now split the passes without gradient
     # too (pi_old's whole-batch logits are gone), as do chunked log-probs; with the update's
-    # share in one piece, the budget still splits the no-grad passes' whole batch.
+    # share in one piece, the budget still splits the no-grad passes' whole batch. (Measured
+    # when written: 0.48, 0.52, 0.57 and 0.71; unchunked passes reduce their entropy 128
+    # positions at a time, so the whole batch's step is itself smaller than it was.)
     for peaks in (measured, estimated):
-        assert peaks["micro"] < 0.5 * peaks["whole"]
+        assert peaks["micro"] < 0.55 * peaks["whole"]
         assert peaks["chunked"] < 0.6 * peaks["whole"]
         assert peaks["split_scoring"] < 0.7 * peaks["whole"]
-        assert peaks["scoring_split"] < 0.75 * peaks["scoring_whole"]
+        assert peaks["scoring_split"] < 0.8 * peaks["scoring_whole"]
 
 
 @needs_proc
@@ -426,11 +473,11 @@ def test_moe_estimate_is_within_a_quarter_of_a_measured_step(tmp_path: Path):
     captured part by part), so the options shrink its step as they do a dense one's; where
     pi_old's pass is the peak, the budget splits it too."""
     measured, estimated = _measure_and_estimate("qwen3_moe", tmp_path)
-    for peaks in (measured, estimated):
-        assert peaks["micro"] < 0.5 * peaks["whole"]
+    for peaks in (measured, estimated):  # measured when written: 0.50, 0.54, 0.59 and 0.73
+        assert peaks["micro"] < 0.55 * peaks["whole"]
         assert peaks["chunked"] < 0.6 * peaks["whole"]
         assert peaks["split_scoring"] < 0.7 * peaks["whole"]
-        assert peaks["scoring_split"] < 0.75 * peaks["scoring_whole"]
+        assert peaks["scoring_split"] < 0.8 * peaks["scoring_whole"]
 
 
 # --- the command line ---------------------------------------------------------------------

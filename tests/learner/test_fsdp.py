@@ -5,7 +5,11 @@ per minibatch, 2 epochs) with 2 sharded ranks and with one plain process, and co
 losses, the gradient norms and the weights after every step (float32, 1e-5). The ranks' token
 and sequence counts differ (an empty response, ragged lengths), so a wrong normaliser or a
 missing world-size factor shows. `_scale` cases add micro-batches (as many per rank), chunked
-log-probs and activation checkpointing; the single process runs without them.
+log-probs and activation checkpointing; the single process runs without them. `gspo_untied_scale`
+trains a policy whose output head is not its input embedding: the embedding is then an FSDP unit
+of its own (`sharding.embedding_unit`), gathered once per forward on every rank while the root
+(final norm, head) serves a rank-dependent number of log-prob chunks; a tied one stays in the
+root, and PPO's critic (no head) has its own embedding unit too.
 
 bf16 (`learner.dtype=bfloat16`): trains, and at identical weights its log-probs stay within a
 bound of float32's (the bf16 rounding of a forward): what `mismatch/kl_behavior` shows against
@@ -14,10 +18,12 @@ a float32 generator.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from buffer.collate import RolloutBatch
 from learner.algorithms.masking import LOSS_AGGREGATIONS
@@ -35,6 +41,7 @@ from tests.learner.test_distributed import (
     run_on_ranks,
     two_epoch_config,
 )
+from tests.tiny_models import DENSE_POLICY, tiny_model
 
 STEPS = 3
 SCALE = {"micro_batch_tokens": 12, "logprob_chunk_tokens": 5, "activation_checkpointing": True}
@@ -44,7 +51,9 @@ CASES: dict[str, tuple[dict[str, object], dict[str, object]]] = {
     "ppo": ({"objective": "ppo"}, {}),
     "gspo_scale": ({"objective": "gspo"}, SCALE),
     "ppo_scale": ({"objective": "ppo"}, SCALE),
+    "gspo_untied_scale": ({"objective": "gspo"}, SCALE),
 }
+UNTIED = {"gspo_untied_scale"}  # cases on the untied policy (`_model_dir`)
 # bf16 forward vs float32 at identical weights on the tiny policy: measured max |delta logprob|
 # 1.2e-3 (mean 3.8e-4) over the batch's response tokens, i.e. a ratio within [0.9991, 1.0012];
 # the bound (ratio within [0.990, 1.010]) leaves 8x room. Deeper models round more: a real run
@@ -82,10 +91,23 @@ def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
         shutdown(dist)
 
 
+def _model_dir(model_dir: Path, name: str) -> Path:
+    """The tied tiny policy of `run_on_ranks`, or the untied one `sharded_runs` saves by it."""
+    return model_dir.parent / "untied" if name in UNTIED else model_dir
+
+
+def _embedding_units(models: StepModels) -> list[bool]:
+    """Whether the policy's (and the critic's) input embedding is an FSDP unit of its own."""
+    modules = [models.policy.module] + ([models.value.module] if models.value else [])
+    embeddings = [getattr(m, "backbone", m).get_input_embeddings() for m in modules]
+    return [isinstance(embedding, FSDPModule) for embedding in embeddings]
+
+
 def _sharded_case(model_dir: Path, name: str, dist: DistContext, out: Path) -> None:
     arm, cfg = _case(name, parallel="fsdp")
-    models = build_step_models(model_dir, arm, cfg, total_steps=STEPS)
+    models = build_step_models(_model_dir(model_dir, name), arm, cfg, total_steps=STEPS)
     assert is_sharded(models.policy.module)
+    units = _embedding_units(models)
     losses, norms = _train(models, _batch(), name, cfg, dist)
     weights = gather_full_weights(models.policy.module, dist)  # every rank takes part
     critic = None
@@ -93,7 +115,7 @@ def _sharded_case(model_dir: Path, name: str, dist: DistContext, out: Path) -> N
         critic = gather_full_weights(models.value.module, dist)
     if dist.is_main:
         record = {"losses": losses, "norms": norms, "weights": weights, "critic": critic}
-        torch.save(record, out / f"{name}.pt")
+        torch.save(record | {"embedding_units": units}, out / f"{name}.pt")
 
 
 def _bf16_case(model_dir: Path, dist: DistContext, out: Path) -> None:
@@ -147,7 +169,9 @@ def _train_once(models: StepModels, cfg: LearnerConfig, dist: DistContext, versi
 @pytest.fixture(scope="module")
 def sharded_runs(tmp_path_factory) -> tuple[Path, Path]:
     """Run every 2-rank case once for the module: (model_dir, output dir)."""
-    return run_on_ranks(_worker, tmp_path_factory.mktemp("fsdp"))
+    root = tmp_path_factory.mktemp("fsdp")
+    tiny_model(replace(DENSE_POLICY, tie_embeddings=False)).save_pretrained(root / "untied")
+    return run_on_ranks(_worker, root)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -158,10 +182,12 @@ def test_two_sharded_ranks_match_one_process(sharded_runs, name: str) -> None:
     plain = LearnerConfig(**{**cfg.model_dump(), **dict.fromkeys(SCALE, None)} | {
         "activation_checkpointing": False
     })  # fmt: skip
-    models = build_step_models(model_dir, arm, plain, total_steps=STEPS)
+    models = build_step_models(_model_dir(model_dir, name), arm, plain, total_steps=STEPS)
     initial = {k: v.clone() for k, v in models.policy.module.state_dict().items()}
     losses, norms = _train(models, _batch(), name, plain, DistContext())
     got = torch.load(root / f"{name}.pt", weights_only=True)
+    # Tied (every case but the untied one): the embedding is the head, in the root.
+    assert got["embedding_units"] == [name in UNTIED] + ([True] if models.value else [])
     torch.testing.assert_close(got["losses"], losses, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(got["norms"], norms, rtol=1e-5, atol=0)
     moved = False
