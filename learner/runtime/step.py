@@ -86,7 +86,7 @@ def compute_advantages(
     if isinstance(arm, GroupArm):
         estimator = ADVANTAGE_ESTIMATORS[arm.adv_estimator]
         lengths = batch.response_mask.sum(dim=-1)  # (B,) response tokens per sequence
-        return estimator(batch.rewards, lengths, group_size, arm.adv_norm), None
+        return estimator(batch.rewards, lengths, group_size, arm.adv_norm, arm.adv_std), None
     assert old_values is not None, "GAE needs the value model's estimates"
     token_rewards = terminal_token_rewards(batch.rewards, batch.response_mask)  # (B, T)
     advantages, returns = gae(
