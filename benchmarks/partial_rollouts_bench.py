@@ -10,11 +10,12 @@ lent) the learner and the generator run on CPUs of their own (`executor.cpu_sets
 wait measure the asynchrony rather than two processes contending for shared cores.
 
 Partial rollouts pay off where a generator would otherwise wait for a version while long
-responses are in flight; the built-in addition task's responses are a few tokens, so on it the
-gain is small and the ratio says so.
+responses are in flight, so the trials run `configs/long_tail.yaml` (the `repeat` task: median
+response 5 tokens, p99 about 48); `--config configs/quickstart.yaml` runs the addition task,
+whose responses are a few tokens, for contrast.
 
-Usage: python benchmarks/partial_rollouts_bench.py [--quick] [--no-pin]. The last line printed is
-one JSON object.
+Usage: python benchmarks/partial_rollouts_bench.py [--quick] [--no-pin] [--config PATH]
+[--check-tokens N]. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -52,6 +53,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps (about a minute)")
     parser.add_argument("--no-pin", action="store_true", help="leave the CPUs shared")
+    parser.add_argument(
+        "--config", default="configs/long_tail.yaml", help="experiment config (its gspo arm)"
+    )
+    parser.add_argument(
+        "--check-tokens",
+        type=int,
+        default=1,
+        help="staleness.partial_check_tokens: tokens between checks for a newer version",
+    )
     args = parser.parse_args()
     pin = () if args.no_pin or len(os.sched_getaffinity(0)) < 2 else pin_overrides()
     steps, warmup = (12, 2) if args.quick else (40, 5)
@@ -59,7 +69,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, overrides in REGIMES.items():
             out = Path(tmp) / name
-            run_trial(out, LAG, steps, "torch", (*pin, *overrides))
+            checks = (
+                (f"staleness.partial_check_tokens={args.check_tokens}",)
+                if name == "partial"
+                else ()
+            )
+            run_trial(out, LAG, steps, "torch", (*pin, *overrides, *checks), config=args.config)
             figures = summarise(out, warmup) | token_staleness(out, warmup)
             figures["gen_util"] = 1.0 - figures["gen_idle_frac"]
             results[name] = figures
@@ -71,6 +86,8 @@ def main() -> None:
     }
     summary = {
         "benchmark": "partial_rollouts_bench",
+        "config": args.config,
+        "check_tokens": args.check_tokens,
         "lag": LAG,
         "pinned": pin[0].partition("=")[2] if pin else None,
         "steps": steps,

@@ -32,9 +32,18 @@ REPO = Path(__file__).resolve().parents[1]
 LAGS = (0, 1, 2, 4)
 
 
-def run_trial(out: Path, lag: int, steps: int, backend: str, pin: tuple[str, ...] = ()) -> None:
+def run_trial(
+    out: Path,
+    lag: int,
+    steps: int,
+    backend: str,
+    pin: tuple[str, ...] = (),
+    *,
+    config: str = "configs/quickstart.yaml",
+) -> None:
+    """One bounded-mode trial of `config`'s gspo arm (seed 0) at max lag `lag`."""
     command = [
-        sys.executable, "-m", "harness.cli", "trial", str(REPO / "configs/quickstart.yaml"),
+        sys.executable, "-m", "harness.cli", "trial", str(REPO / config),
         "--arm", "gspo", "--seed", "0", "--lag", str(lag), "--mode", "bounded",
         "--out", str(out), "--steps", str(steps), f"generation.backend={backend}",
         "learner.checkpoint_every=5", "learner.eval_every=1000", *pin,

@@ -95,12 +95,6 @@ def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
             "fixed policy version; set staleness.mode: fixed or remove "
             "dynamic_sampling_rounds"
         )
-    if cfg.staleness.partial_rollouts and cfg.generation.backend != "torch":
-        raise ValueError(
-            "staleness.partial_rollouts is implemented for generation.backend: torch (its decode "
-            "loop loads new weights between tokens and re-reads the prefix); the vLLM generator "
-            "does not continue responses across versions yet: set generation.backend: torch"
-        )
     # every draw of a step stays unacked until the checkpoint (extra rounds included); a sync
     # interval lets groups be sync_every - 1 versions staler
     draws = cfg.learner.checkpoint_every * (1 + rounds)
@@ -162,7 +156,9 @@ def check_path_component(field: str, value: str) -> str:
     )
 
 
-NEAR_MISS_TASKS = ("addition", "multiplication")  # integer answers: the near miss is answer + 1
+NEAR_MISS_TASKS = ("addition", "multiplication", "repeat")
+"""Tasks with a near miss (`harness.models.warm_start.NEAR_MISSES`: answer + 1 for the integer
+tasks, one repetition too many for `repeat`)."""
 
 
 def check_tuning(cfg: ExperimentConfig) -> None:
@@ -233,7 +229,7 @@ def _check_learner_ranks(arm: str, learner: LearnerConfig, ranks: int) -> None:
 
 
 def _check_near_miss(model: ModelConfig, task: TaskConfig) -> None:
-    """The near-miss warm start needs an integer answer to miss and the answer-only warm start."""
+    """The near-miss warm start needs a task with a near miss and the answer-only warm start."""
     if model.warm_start_near_miss == 0.0:
         return
     if model.path != "builtin" or model.tokenizer != "char" or task.name not in NEAR_MISS_TASKS:

@@ -19,7 +19,7 @@ from learner.algorithms.sampling_settings import MAX_TEMPERATURE, MIN_TEMPERATUR
 
 ModelArch = Literal["qwen2", "qwen3_moe", "mistral"]
 BuiltinTokenizer = Literal["char", "mistral-v1"]
-TaskName = Literal["addition", "multiplication", "reverse", "sort", "file"]
+TaskName = Literal["addition", "multiplication", "reverse", "sort", "repeat", "file"]
 GeneratorBackend = Literal["vllm", "torch"]
 # Sampling options of vLLM / transformers that change the sampled distribution in ways the learner
 # does not reproduce (so behaviour logprobs would not be the learner's): refused with a reason

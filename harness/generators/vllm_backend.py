@@ -133,35 +133,76 @@ class VLLMGenerator:
     def generate(
         self, requests: Sequence[GenRequest], updates: WeightUpdates | None = None
     ) -> list[GenResult]:
-        from vllm import SamplingParams
+        """See `Generator.generate`; with `updates`, `harness.generators.vllm_partial`."""
+        if updates is not None:
+            from harness.generators.vllm_partial import generate_partial
 
-        if updates is not None:  # the config refuses this combination first
-            raise NotImplementedError(
-                "partial rollouts (staleness.partial_rollouts) need generation.backend: torch"
-            )
-
+            return generate_partial(self, requests, updates)
         prompts, params = [], []
         for request in requests:
             for seed in request.seeds:
                 prompts.append(request.prompt_ids)
-                params.append(
-                    SamplingParams(
-                        temperature=self.sampling.temperature,
-                        top_p=self.sampling.top_p,
-                        top_k=self.sampling.top_k,
-                        seed=seed,
-                        max_tokens=request.max_new_tokens,
-                        logprobs=0,  # the sampled token's logprob only
-                        flat_logprobs=True,  # plain float lists, no per-token dicts
-                        detokenize=False,
-                        # Stop exactly at the tokenizer's EOS: `ignore_eos` drops vLLM's own EOS
-                        # set (which also takes ids from generation_config.json).
-                        ignore_eos=True,
-                        stop_token_ids=[self._eos],
-                    )
-                )
+                params.append(self.sampling_params(seed=seed, max_tokens=request.max_new_tokens))
         outputs = self._run(prompts, params, "VLLMGenerator.generate")
         return group_samples(requests, [_sample_of(output, self._eos) for output in outputs])
+
+    def sampling_params(self, *, seed: int, max_tokens: int) -> Any:
+        """One sample's `SamplingParams` under `self.sampling`, with its own seed."""
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+            seed=seed,
+            max_tokens=max_tokens,
+            logprobs=0,  # the sampled token's logprob only
+            flat_logprobs=True,  # plain float lists, no per-token dicts
+            detokenize=False,
+            # Stop exactly at the tokenizer's EOS: `ignore_eos` drops vLLM's own EOS set (which
+            # also takes ids from generation_config.json).
+            ignore_eos=True,
+            stop_token_ids=[self._eos],
+        )
+
+    # -- the engine, one step at a time (`vllm_partial` drives it) ---------------------------
+
+    @property
+    def eos(self) -> int:
+        return self._eos
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    def check_context(self, rows: Sequence[tuple[list[int], int]]) -> None:
+        """ValueError unless every (prompt ids, max new tokens) fits the engine's context."""
+        for prompt, max_tokens in rows:
+            if len(prompt) + max_tokens > self._max_model_len:
+                raise ValueError(
+                    f"prompt of {len(prompt)} tokens + max_new_tokens={max_tokens} exceeds "
+                    f"max_model_len={self._max_model_len}; shorten the prompt or lower "
+                    "generation.max_new_tokens"
+                )
+
+    def add_request(self, request_id: str, prompt_ids: list[int], params: Any) -> str:
+        """Queue one request on the engine as it is (no output-kind override, unlike
+        `LLM.enqueue`). Its outputs carry `request_id`; returns the engine's internal id, which
+        `abort` takes."""
+        from vllm.inputs import TokensPrompt
+
+        return self._engine.add_request(
+            request_id, TokensPrompt(prompt_token_ids=prompt_ids), params
+        )
+
+    def engine_step(self) -> list[Any]:
+        """One engine step: the `RequestOutput`s it produced."""
+        return self._engine.step()
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests from the engine (internal ids, as `add_request` returned them)."""
+        if request_ids:
+            self._engine.abort_request(request_ids, internal=True)
 
     def greedy(self, prompts_ids: Sequence[list[int]], max_new_tokens: int) -> list[list[int]]:
         from vllm import SamplingParams
@@ -238,13 +279,9 @@ class VLLMGenerator:
         """
         from vllm.inputs import TokensPrompt
 
-        for prompt, param in zip(prompts, params, strict=True):
-            if len(prompt) + param.max_tokens > self._max_model_len:
-                raise ValueError(
-                    f"prompt of {len(prompt)} tokens + max_new_tokens={param.max_tokens} "
-                    f"exceeds max_model_len={self._max_model_len}; shorten the prompt or lower "
-                    "generation.max_new_tokens"
-                )
+        self.check_context(
+            [(prompt, param.max_tokens) for prompt, param in zip(prompts, params, strict=True)]
+        )
         queued = self._llm.enqueue(
             [TokensPrompt(prompt_token_ids=prompt) for prompt in prompts], params, use_tqdm=False
         )

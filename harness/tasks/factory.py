@@ -13,6 +13,8 @@ from harness.tasks.procedural import (
     ProceduralTask,
     arithmetic_sampler,
     arithmetic_space,
+    repeat_sampler,
+    repeat_space,
     reverse_word,
     sort_word,
     string_sampler,
@@ -39,14 +41,16 @@ def _string(name: str, prefix: str, solve: Callable[[str], str]) -> Callable[[Ta
     )
 
 
-# task.name -> builder. `digits` is the operand length for arithmetic (exactly that many digits)
-# and the string length for reverse/sort; it has no effect on `file`. A procedural task gets its
-# problem space too, so an eval set larger than its held-out split fails at once.
+# task.name -> builder. `digits` is the operand length for arithmetic (exactly that many digits),
+# the string length for reverse/sort and the word length for repeat; it has no effect on `file`.
+# A procedural task gets its problem space too, so an eval set larger than its held-out split
+# fails at once.
 TASK_BUILDERS: dict[str, Callable[[TaskConfig], Task]] = {
     "addition": _arithmetic("addition", "+"),
     "multiplication": _arithmetic("multiplication", "*"),
     "reverse": _string("reverse", "rev", reverse_word),
     "sort": _string("sort", "sort", sort_word),
+    "repeat": lambda c: ProceduralTask("repeat", repeat_sampler(c.digits), repeat_space(c.digits)),
     "file": _file_task,
 }
 

@@ -207,3 +207,56 @@ def reverse_word(word: str) -> str:
 
 def sort_word(word: str) -> str:
     return "".join(sorted(word))
+
+
+REPEAT_MAX_CHARS = 48
+"""The longest `repeat` answer in characters (tokens, with the built-in char tokenizer: plus EOS,
+49): the cap of the repetition count is REPEAT_MAX_CHARS // word length."""
+REPEAT_TAIL_EXPONENT = 1.5
+"""P(n) proportional to n ** -1.5 over 1..cap: a Zipf-like long tail of response lengths."""
+
+
+def repeat_counts(word_length: int) -> tuple[np.ndarray, np.ndarray]:
+    """(counts 1..cap, their probabilities) of the `repeat` task for words of `word_length`."""
+    cap = max(1, REPEAT_MAX_CHARS // word_length)
+    counts = np.arange(1, cap + 1)
+    weights = counts.astype(np.float64) ** -REPEAT_TAIL_EXPONENT
+    return counts, weights / weights.sum()
+
+
+def repeat_sampler(word_length: int) -> ProblemSampler:
+    """`rep:<word>*<n>=` -> the word written n times: a task whose response lengths have a long
+    tail (issue 39: a straggler bubble for asynchrony to remove). With 2-letter words most
+    answers are 2-6 characters and about one in a hundred is 44 or more (median 5 tokens with
+    EOS, p99 45, max 49), the shape of reasoning traces, where a few responses run far longer
+    than the rest. The answer is spelled out, so its length is the count times the word."""
+    letters = np.array(list(string.ascii_lowercase))
+    counts, probabilities = repeat_counts(word_length)
+
+    def sample(rng: np.random.Generator) -> Problem:
+        word = "".join(rng.choice(letters, size=word_length))
+        n = int(rng.choice(counts, p=probabilities))
+        return f"rep:{word}*{n}=", word * n
+
+    return sample
+
+
+def repeat_space(word_length: int) -> ProblemSpace:
+    """Every `rep:<word>*<n>=` text of repeat_sampler: each word with each count (not equally
+    likely, but the hash partition holds out texts, not draws, so the count is what matters)."""
+    counts, _ = repeat_counts(word_length)
+
+    def texts() -> Iterable[str]:
+        words = itertools.product(string.ascii_lowercase, repeat=word_length)
+        return (f"rep:{''.join(w)}*{n}=" for w in words for n in counts)
+
+    return ProblemSpace(
+        word_length, len(string.ascii_lowercase) ** word_length * len(counts), texts
+    )
+
+
+def repeat_near_miss(prompt_text: str, ground_truth: str) -> str:
+    """The near miss of a `repeat` answer: one repetition too many (the word is read from the
+    prompt, `rep:<word>*<n>=`, since the answer alone does not say where a word ends)."""
+    word = prompt_text.rsplit("rep:", 1)[-1].split("*", 1)[0]
+    return ground_truth + word

@@ -84,6 +84,7 @@ AUTO_VERIFIERS: dict[str, VerifierName] = {
     "multiplication": "integer",
     "reverse": "exact",
     "sort": "exact",
+    "repeat": "exact",
     "file": "exact",
 }
 

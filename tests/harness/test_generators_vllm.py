@@ -12,7 +12,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
+from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
 from harness.config import GenerationConfig
 from harness.generators import (
@@ -20,9 +22,10 @@ from harness.generators import (
     SamplingSettings,
     make_generator,
 )
-from harness.generators.sampling import max_logprob_gap
+from harness.generators.sampling import max_logprob_gap, recompute_logprobs
 from harness.generators.vllm_backend import VLLMGenerator
 from harness.models.tokenizer import EOS_ID
+from harness.trial.weight_updates import PublishedUpdates
 from tests.harness.test_generators_torch import (
     TOL,
     check_behavior_logprobs,
@@ -102,6 +105,44 @@ def test_live_weight_update(generator: VLLMGenerator, model_dir: Path, tmp_path:
         generator.load_weights(0, str(model_dir))  # the module's engine goes back to version 0
     restored = generator.generate(requests)
     assert [r.response_ids for r in restored] == [r.response_ids for r in before]
+
+
+def test_partial_rollouts_continue_responses_under_the_newer_version(
+    generator: VLLMGenerator, model_dir: Path, tmp_path: Path, redis_server
+) -> None:
+    """`staleness.partial_rollouts` on vLLM: v1 is published while v0 decodes; at the first
+    check (token CHECK) the engine aborts, loads v1 and resubmits prompt + tokens so far. Every
+    token's version is the one that sampled it, and its behaviour log-prob is that version's
+    float32 log-prob of it (re-scored from the weight store); a call without updates samples the
+    same first segment (segment 0 keeps the sample seed)."""
+    check = 3
+    store = WeightStore(tmp_path / "weights")
+    versions = VersionRegistry(redis_server.client(), "vllm-partial")
+    versions.publish(0, str(model_dir))
+    versions.publish(1, str(store.write(1, perturbed_state(model_dir), config_dir=model_dir)))
+    requests = requests_for(step=3, max_new_tokens=10)
+    whole = generator.generate(requests)  # v0 throughout
+    updates = PublishedUpdates(versions, sync_every=1, check_tokens=check)
+    try:
+        partial = generator.generate(requests, updates)
+        assert updates.switches == 1 and generator.version == 1
+    finally:
+        generator.load_weights(0, str(model_dir))  # the module's engine goes back to version 0
+    references = {0: load_reference(model_dir), 1: load_reference(store.path(1))}
+    spanning = 0
+    for request, before, result in zip(requests, whole, partial, strict=True):
+        assert result.token_versions is not None
+        for j, tokens in enumerate(result.response_ids):
+            kept = result.token_versions[j]
+            assert kept == [0 if t < check else 1 for t in range(len(tokens))]
+            assert tokens[:check] == before.response_ids[j][:check]  # same seed, same weights
+            spanning += len(set(kept)) == 2
+            logprobs = torch.tensor(result.behavior_logprobs[j], dtype=torch.float32)
+            for version, model in references.items():
+                expected = recompute_logprobs(model, request.prompt_ids, tokens, SamplingSettings())
+                gaps = (logprobs - expected).abs().tolist()
+                assert all(g < TOL for g, v in zip(gaps, kept, strict=True) if v == version)
+    assert spanning >= 6  # most of the 12 responses outlive the switch
 
 
 def test_cpu_head_size_is_checked_before_starting(tmp_path: Path) -> None:

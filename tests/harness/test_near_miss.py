@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from harness.config import ExperimentConfig, ModelConfig, TaskConfig
+from harness.config_checks import NEAR_MISS_TASKS
 from harness.models.model_dir import builtin_cache_key
-from harness.models.warm_start import NearMissStream, near_miss
+from harness.models.warm_start import NEAR_MISSES, NearMissStream, near_miss
 from harness.tasks.factory import make_task
 
 N = 4000
@@ -27,6 +28,23 @@ def _stream(rate: float, name: str = "addition") -> tuple[object, NearMissStream
 def test_near_miss_is_the_answer_plus_one() -> None:
     assert near_miss("99") == "100"
     assert near_miss("0") == "1"
+
+
+def test_repeats_near_miss_is_one_repetition_too_many() -> None:
+    task, stream = _stream(0.6, name="repeat")
+    missed = 0
+    for index in range(400):
+        true, shown = task.train_prompt(3, index), stream.train_prompt(3, index)
+        word = true.text.removeprefix("rep:").split("*")[0]
+        assert shown.ground_truth in (true.ground_truth, true.ground_truth + word)
+        missed += shown.ground_truth != true.ground_truth
+    assert 200 <= missed <= 280  # 0.6 of 400, +- 4 standard deviations
+
+
+def test_every_near_miss_task_is_known_to_the_config_check() -> None:
+    assert set(NEAR_MISS_TASKS) == set(NEAR_MISSES)
+    with pytest.raises(ValueError, match="task 'reverse' has no near miss"):
+        NearMissStream(make_task(TaskConfig(name="reverse", digits=2)), 0.5)
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.25, 0.6])

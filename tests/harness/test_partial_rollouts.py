@@ -1,4 +1,5 @@
-"""Partial rollouts in the torch generator (`staleness.partial_rollouts`): with a newer version
+"""Partial rollouts in the torch generator (`staleness.partial_rollouts`; vLLM's in
+tests/harness/test_generators_vllm.py): with a newer version
 published while it decodes, the generator loads it between tokens and continues the same
 responses. Each token's recorded version is the one that sampled it, and its behaviour log-prob
 is exactly what the learner computes for that token under that version's weights, read back
@@ -120,11 +121,12 @@ def test_a_spanning_group_travels_with_its_versions(redis_server, tmp_path: Path
 def test_a_partial_rollout_trial_logs_spanning_responses_each_token_scored_by_its_version(
     tmp_path: Path,
 ) -> None:
-    """A bounded lag-1 trial with partial rollouts (torch generator): it completes, its rollout
-    log holds responses whose tokens span two versions, and every logged token's behaviour
-    log-prob is the learner's log-prob of it under its recorded version, read back from the
-    weight store. The test slows each check for new weights (TEST_CHECK_DELAY_ENV) so versions
-    reliably arrive mid-response on the tiny model."""
+    """A bounded lag-1 trial with partial rollouts on the vLLM generator (the torch generator's
+    run in the bounded fault-injection trial, tests/harness/test_fault_injection.py): it
+    completes, its rollout log holds responses whose tokens span two versions, and every logged
+    token's behaviour log-prob is the learner's log-prob of it under its recorded version, read
+    back from the weight store. The test slows each check for new weights
+    (TEST_CHECK_DELAY_ENV) so versions reliably arrive mid-response on the tiny model."""
     out = tmp_path / "trial"
     extra = (
         "staleness.mode=bounded",
@@ -135,7 +137,7 @@ def test_a_partial_rollout_trial_logs_spanning_responses_each_token_scored_by_it
         "eval.pass_k=[]",
     )
     result = run_argv(
-        trial_command(out, "grpo", steps=STEPS, lag=1, mode="bounded", extra=extra),
+        trial_command(out, "grpo", steps=STEPS, lag=1, mode="bounded", backend="vllm", extra=extra),
         env={**os.environ, TEST_CHECK_DELAY_ENV: "0.02"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -171,8 +173,9 @@ def test_partial_rollouts_are_refused_by_name_in_fixed_mode() -> None:
     torch_partial = ["generation.backend=torch", "staleness.partial_rollouts=true"]
     with pytest.raises(ConfigError, match=r"staleness\.partial_rollouts needs staleness\.mode"):
         load_config(quickstart, torch_partial)  # the quickstart is fixed mode
-    with pytest.raises(ConfigError, match=r"staleness\.partial_rollouts is implemented for "):
-        load_config(quickstart, ["staleness.mode=bounded", "staleness.partial_rollouts=true"])
+    # both generators continue responses (the quickstart's is vLLM)
+    vllm = load_config(quickstart, ["staleness.mode=bounded", "staleness.partial_rollouts=true"])
+    assert vllm.generation.backend == "vllm" and vllm.staleness.partial_rollouts
     cfg = load_config(quickstart, ["staleness.mode=bounded", *torch_partial])
     with pytest.raises(typer.Exit):
         _trial_spec(cfg, "grpo", 0, 1, "fixed")

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -13,9 +14,9 @@ from harness.config import TaskConfig
 from harness.tasks.base import Prompt
 from harness.tasks.factory import make_task
 from harness.tasks.file_task import FileTask
-from harness.tasks.procedural import is_held_out, operand_range
+from harness.tasks.procedural import REPEAT_MAX_CHARS, is_held_out, operand_range, repeat_counts
 
-PROCEDURAL = ["addition", "multiplication", "reverse", "sort"]
+PROCEDURAL = ["addition", "multiplication", "reverse", "sort", "repeat"]
 
 
 @pytest.mark.parametrize("name", PROCEDURAL)
@@ -55,6 +56,29 @@ def test_string_tasks_ground_truth() -> None:
     sort = make_task(TaskConfig(name="sort", digits=5)).train_prompt(0, 0)
     word = sort.text.removeprefix("sort:").removesuffix("=")
     assert sort.ground_truth == "".join(sorted(word))
+
+
+@pytest.mark.parametrize("word_length", [1, 2, 3])
+def test_repeat_answers_spell_the_word_n_times_with_a_long_tail(word_length: int) -> None:
+    """Issue 39's long-tail task: p99 / median response length >= 4, at most 48 answer
+    characters (49 tokens with EOS under the char tokenizer), every answer the word n times."""
+    task = make_task(TaskConfig(name="repeat", digits=word_length))
+    lengths = []
+    for i in range(20_000):
+        prompt = task.train_prompt(0, i)
+        match = re.fullmatch(r"rep:([a-z]+)\*(\d+)=", prompt.text)
+        assert match is not None, prompt
+        word, n = match.group(1), int(match.group(2))
+        assert len(word) == word_length and prompt.ground_truth == word * n
+        lengths.append(len(prompt.ground_truth) + 1)  # + EOS
+    tokens = np.array(lengths)
+    median, p99 = np.median(tokens), np.percentile(tokens, 99)
+    assert p99 / median >= 4, (median, p99)
+    counts, probabilities = repeat_counts(word_length)
+    assert counts[-1] * word_length <= REPEAT_MAX_CHARS < (counts[-1] + 1) * word_length
+    assert probabilities.sum() == pytest.approx(1.0) and (np.diff(probabilities) < 0).all()
+    if word_length == 2:  # the default: median 5 tokens, p99 45, max 49
+        assert (median, p99, tokens.max()) == (5, 45, 49)
 
 
 @pytest.mark.parametrize("name", PROCEDURAL)
