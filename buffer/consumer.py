@@ -37,6 +37,7 @@ from buffer.config import BufferConfig
 from buffer.connection import RunKeys
 from buffer.inbox import Delivery, Inbox, settle
 from buffer.outbox import group_digest
+from buffer.rewind import Rewound, rewind_groups
 from buffer.telemetry import DROPPED_STALE
 from buffer.tickets import TicketDispenser, draw_batch
 
@@ -256,6 +257,12 @@ class RolloutConsumer:
             cursor = "(" + entries[-1][0].decode()
         self._settle(doomed)
         return len(doomed)
+
+    def rewind(self, group_ids: Collection[str]) -> Rewound:
+        """Groups committed after the checkpoint a fixed-mode learner resumes from: trainable
+        again, their tickets reissued, each admitted again only as the copy that was trained
+        (`buffer.rewind`)."""
+        return rewind_groups(self._client, self.run_id, list(group_ids))
 
     def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:
         """Dead-letter taken deliveries that must not be trained (e.g. poison for the model)."""

@@ -10,7 +10,8 @@ The payload never passes through Lua: a ~75 KB argument costs Redis two to three
 itself (Lua copies and garbage-collects every argument: ~110 µs per 76 KB group on Redis 7.0,
 measured here with INFO cpu), while the script's arguments are a few short strings.
 
-Each group id is added once. A push that finds the id's final digest equal to its own (a retried
+Each group id is added once (until `buffer.rewind` rewinds it: then once more, and only with the
+digest it had). A push that finds the id's final digest equal to its own (a retried
 push, or a group regenerated after a generator restart: same seeds, same weights, new
 created_at) is a `duplicate`: the script counts it and completes its ticket, and nothing is sent.
 One with a different digest (a forged group, or one made from other weights) is dead-lettered
@@ -60,9 +61,10 @@ FULL, CLAIMED, DUPLICATE_PUSH, CONFLICT, BUSY = 0, 1, 2, 3, 4
 # ARGV: max_depth, token, reservation_ms, ticket ('' = none), producer, default lease_ms, digest,
 #       claim_ms, duplicate counter name.
 # Returns {1} with a slot reserved and the id claimed; {2} for a duplicate (counted, ticket
-# completed); {3, first digest} for a conflict; {0} when full and {4} while another push holds the
-# id's claim, after renewing the ticket's lease if the producer still holds it (so waiting never
-# lets its ticket expire).
+# completed); {3, first digest} for a conflict (a rewound id, `r:<digest>`, is claimed like a
+# new one when its digest is that one, else a conflict); {0} when full and {4} while another push
+# holds the id's claim, after renewing the ticket's lease if the producer still holds it (so
+# waiting never lets its ticket expire).
 _CLAIM = (
     LUA_NOW_MS
     + """
@@ -75,6 +77,11 @@ local function renew()
   end
 end
 local first = redis.call('GET', KEYS[6])
+if first and string.sub(first, 1, 2) == 'r:' then
+  -- rewound (buffer.rewind): admitted again only as the copy that was trained
+  if string.sub(first, 3) ~= ARGV[7] then return {3, string.sub(first, 3)} end
+  first = nil
+end
 if first then
   if string.sub(first, 1, 2) == 'c:' then
     renew()

@@ -187,6 +187,11 @@ class RolloutSource(Protocol):
         (a commit a killed learner did not get to); returns how many entries it settled."""
         ...
 
+    def rewind(self, group_ids: Collection[str]) -> object:
+        """Make groups committed after a checkpoint generable and trainable again, each only as
+        the copy that was trained (`buffer.rewind`: a fixed-mode resume replays them)."""
+        ...
+
 
 class WeightWriter(Protocol):
     """Where the learner writes each policy version's weights (WeightStore)."""
@@ -202,6 +207,10 @@ class WeightWriter(Protocol):
 
     def prune(self, keep: int, protect: Iterable[int] = ()) -> list[int]:
         """Remove all but the newest `keep` versions, never one in `protect`."""
+        ...
+
+    def path(self, version: int) -> str:
+        """Where `version` is (FileNotFoundError when it was never written or was pruned)."""
         ...
 
 

@@ -194,28 +194,38 @@ class CheckpointStore:
             barrier(dist)
         return final
 
+    def newest_usable(self, base: Path, *, say: Callable[[str], None] | None = None) -> int | None:
+        """The step of the newest checkpoint that is intact and whose step files (relative to
+        `base`, the trial directory) are all there and undamaged, or None when none is: a
+        fixed-mode resume rewinds to it and replays the steps after it (`learner.runtime.
+        resume`), so a damaged file costs the steps since the checkpoint before it. `say` gets
+        one line per newer checkpoint passed over, and why."""
+        say = say or (lambda _line: None)
+        for step in self.steps():
+            problem = self._problem(step) or self._records_problem(step, base)
+            if problem is None:
+                return step
+            say(f"checkpoint {self._dir(step).name} passed over: {problem}")
+        return None
+
     def load(
-        self, modules: dict[str, Any], *, say: Callable[[str], None] | None = None
+        self,
+        modules: dict[str, Any],
+        *,
+        say: Callable[[str], None] | None = None,
+        step: int | None = None,
     ) -> TrainingState:
-        """Restore modules and RNG states in place from the newest intact checkpoint.
+        """Restore modules and RNG states in place from the newest intact checkpoint, or from
+        checkpoint `step` (which must be intact: `newest_usable` chose it).
 
         `say` gets one line per newer checkpoint skipped (why) and one naming the checkpoint
         used. Raises `ResumeError` (one line) when no checkpoint is intact.
         """
         say = say or (lambda _line: None)
-        skipped: list[str] = []
-        for step in self.steps():
-            problem = self._problem(step)
-            if problem is None:
-                break
-            skipped.append(f"{self._dir(step).name}: {problem}")
-            say(f"checkpoint {self._dir(step).name} skipped: {problem}")
-        else:
-            found = "; ".join(skipped) if skipped else "no checkpoint directory"
-            raise ResumeError(
-                f"no intact checkpoint in {self.root} ({found}); restore one, or rerun the "
-                "trial without --resume"
-            )
+        if step is None:
+            step = self._newest_intact(say)
+        elif (problem := self._problem(step)) is not None:
+            raise ResumeError(f"checkpoint {self._dir(step).name}: {problem}")
         say(f"resuming from checkpoint {self._dir(step).name}{self._pointer_note(step)}")
         payload = torch.load(self._dir(step) / STATE_FILE, weights_only=True)
         shards = self._dir(step) / sharded_checkpoint.SHARDS_DIR
@@ -236,14 +246,43 @@ class CheckpointStore:
         restore_rng(payload["rng"])
         return TrainingState(**payload["training_state"])
 
+    def _newest_intact(self, say: Callable[[str], None]) -> int:
+        """The newest checkpoint that is intact (one line per newer one skipped, and why), or
+        ResumeError (one line) when none is."""
+        skipped: list[str] = []
+        for step in self.steps():
+            problem = self._problem(step)
+            if problem is None:
+                return step
+            skipped.append(f"{self._dir(step).name}: {problem}")
+            say(f"checkpoint {self._dir(step).name} skipped: {problem}")
+        found = "; ".join(skipped) if skipped else "no checkpoint directory"
+        raise ResumeError(
+            f"no intact checkpoint in {self.root} ({found}); restore one, or rerun the trial "
+            "without --resume"
+        )
+
     def verify_records(self, step: int, base: Path) -> None:
         """Check the per-step files checkpoint `step` vouches for, relative to `base` (the trial
         directory). Raises `ResumeError` (one line) naming the first missing or damaged one, its
-        step and the checkpoint's step range: they cannot be rebuilt (module docstring)."""
+        step and the checkpoint's step range: they cannot be rebuilt from the checkpoint (module
+        docstring); a fixed-mode resume rebuilds them by replaying from an older one instead
+        (`newest_usable`)."""
+        problem = self._records_problem(step, base)
+        if problem is not None:
+            raise ResumeError(
+                f"cannot resume from checkpoint {self._dir(step).name} (steps 0-{step}): "
+                f"{problem}; a checkpoint holds no rows to rebuild it from, so restore the file "
+                "from a copy (or the bucket), or rerun the trial without --resume"
+            )
+
+    def _records_problem(self, step: int, base: Path) -> str | None:
+        """What is wrong with the step files checkpoint `step` vouches for (the first missing or
+        damaged one, and how many more), or None when they are all there and intact."""
         try:
             records = CheckpointManifest.model_validate(self._manifest(step)).records
         except ValidationError:
-            raise ResumeError(f"{self._dir(step) / MANIFEST}: its records are not valid") from None
+            return f"{self._dir(step) / MANIFEST}: its records are not valid"
         problems = []
         for name, record in sorted(records.items(), key=lambda item: (item[1].step, item[0])):
             path = Path(base) / name
@@ -252,18 +291,13 @@ class CheckpointStore:
             elif self._record_digest(path) != record.sha256:
                 problems.append((record.step, name, "damaged"))
         if not problems:
-            return
+            return None
         first_step, name, what = problems[0]
         more = ""
         if len(problems) > 1:
             lo, hi = min(s for s, _, _ in problems), max(s for s, _, _ in problems)
             more = f" ({len(problems)} files of steps {lo}-{hi} are missing or damaged)"
-        raise ResumeError(
-            f"cannot resume from checkpoint {self._dir(step).name} (steps 0-{step}): {name} "
-            f"(step {first_step}) is {what}{more}; a checkpoint holds no rows to rebuild it "
-            "from, so restore the file from a copy (or the bucket), or rerun the trial without "
-            "--resume"
-        )
+        return f"{name} (step {first_step}) is {what}{more}"
 
     def _dir(self, step: int) -> Path:
         return self.root / f"step-{step:06d}"

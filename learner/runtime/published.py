@@ -19,11 +19,15 @@ from pathlib import Path
 import torch
 
 from buffer.streams import VersionPublisher, WeightWriter
+from buffer.weight_store import read_state_dict
 from learner.config import LearnerConfig
 from learner.runtime.distributed import DistContext
 from learner.runtime.sharding import DTYPES, gather_full_weights, is_sharded
 from learner.runtime.step import StepModels
 from learner.runtime.step_io import weight_snapshot
+
+REPLAY_MISMATCH = "republished version"
+"""How the line a non-bitwise replay prints starts (`PublishedWeights._check_replay`)."""
 
 
 class PublishedWeights:
@@ -41,8 +45,12 @@ class PublishedWeights:
         weights: WeightWriter,
         versions: VersionPublisher,
         keep: int,
+        verify_replays: bool = False,
     ) -> None:
+        """`verify_replays` (fixed mode): a version published before (a step a resumed learner
+        redoes) is compared with the stored copy before it is replaced (`_check_replay`)."""
         self.policy = models.policy.module
+        self.verify_replays = verify_replays
         self.weights, self.versions, self.keep = weights, versions, keep
         self.sharded = is_sharded(self.policy)
         self.dist = dist
@@ -64,9 +72,40 @@ class PublishedWeights:
     ) -> None:
         """Write `version`'s weights, announce it, prune old versions but v0 and `protect`
         (versions whose evals a generator has yet to run), a `StepWriter` job."""
+        if self.verify_replays:
+            self._check_replay(version, snapshot)
         location = self.weights.write(version, snapshot, config_dir=self.model_dir)
         publish_unless_done(self.versions, version, location)
         self.weights.prune(keep=self.keep, protect={0, *protect})
+
+    def _check_replay(self, version: int, snapshot: dict[str, torch.Tensor]) -> None:
+        """Fixed mode redoes steps (a resume after a kill, a rewind past a damaged checkpoint),
+        so a version it publishes again should equal the copy the generators may already have
+        used: the stored one is read back and compared tensor by tensor, not trusted. A
+        difference is legitimate only where the replay is not bitwise by construction (a resume
+        at another number of learner ranks reduces in another order), so it is said in one
+        line (REPLAY_MISMATCH) and the new copy replaces the old one; groups regenerated after a
+        rewind are held to the trained copies by their content digest (`buffer.rewind`)."""
+        current = self.versions.current()
+        if current is None or current[0] < version:
+            return  # never published: nothing to compare
+        try:
+            stored = read_state_dict(self.weights.path(version))
+        except FileNotFoundError:
+            return  # pruned: no generator can load it any more
+        differing = [
+            name
+            for name, tensor in stored.items()
+            if name not in snapshot or not torch.equal(snapshot[name], tensor)
+        ]
+        if differing:
+            print(
+                f"{REPLAY_MISMATCH} {version}: {len(differing)} of {len(stored)} tensors differ "
+                f"from its first copy (first: {differing[0]}); this resume is not bitwise (other "
+                "learner ranks, threads or torch?), so later steps may differ from an "
+                "uninterrupted run; generators load the new copy from now on",
+                flush=True,
+            )
 
     def publish_initial(self, *, resume: bool) -> None:
         """Write and announce v0 (rank 0): the module itself, or its gathered weights when
@@ -85,10 +124,12 @@ class PublishedWeights:
 
 
 def versions_to_keep(cfg: LearnerConfig, lag: int) -> int:
-    """Versions the weight store keeps. A resumed learner restarts at its checkpoint; generators
-    may then need versions back to (checkpoint - lag), so keep every version since the last
-    checkpoint, plus the lag (the oldest a trained group may have: `LearnerTask.max_lag`)."""
-    return max(cfg.keep_versions, lag + cfg.checkpoint_every + 2)
+    """Versions the weight store keeps. A resumed learner restarts at a checkpoint: its newest
+    one, or the one before when the newest is damaged (fixed mode then rewinds and regenerates
+    the groups trained since, `buffer.rewind`). Generators may then need versions back to
+    (that checkpoint - lag + 1), so keep two checkpoint intervals of versions plus the lag (the
+    oldest a trained group may have: `LearnerTask.max_lag`)."""
+    return max(cfg.keep_versions, lag + 2 * cfg.checkpoint_every + 2)
 
 
 def publish_unless_done(versions: VersionPublisher, version: int, location: str) -> None:

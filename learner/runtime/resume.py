@@ -10,8 +10,12 @@ is bitwise reproducible). A group is never trained twice across commits.
 
 Resuming loads the newest intact checkpoint (weights, optimisers, schedulers, RNG states and the
 `TrainingState`), checks the step files it vouches for, squares Redis with it and only then
-drops the step records newer than it. A learner with no checkpoint starts from the initial
-weights: it publishes v0 and logs step 0's evals (run by a generator, as every eval).
+drops the step records newer than it. In fixed mode it loads the newest checkpoint that is
+intact *and* whose step files are, and rewinds Redis to it (`settle_resumed_commits`): a damaged
+checkpoint or step file costs the steps since the checkpoint before it, replayed bitwise (a
+republished version is compared with its stored copy, `PublishedWeights._check_replay`).
+A learner with no checkpoint starts from the initial weights: it publishes v0 and logs step 0's
+evals (run by a generator, as every eval).
 """
 
 from __future__ import annotations
@@ -94,27 +98,40 @@ def start_or_resume(
         weights=ports.weights,
         versions=ports.versions,
         keep=keep,
+        verify_replays=task.mode == "fixed",
     )
     buffer = ports.buffer
     records = StepRecords(task.trial_dir)
     checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints, records=records.vouched)
+    say = partial(print, flush=True) if dist.is_main else None
+    fixed = task.mode == "fixed"
     state = TrainingState()
-    if resume and checkpoints.has_checkpoints():
-        # The newest intact checkpoint (latest.json is a hint); nothing is deleted until it is
-        # loaded and the step files it vouches for are checked (else one-line ResumeError).
-        state = checkpoints.load(modules, say=partial(print, flush=True) if dist.is_main else None)
+    # Fixed mode replays bitwise, so it may fall back past a damaged checkpoint or step file to
+    # the newest checkpoint whose files are all intact (None: to the initial weights) and rewind
+    # the run's Redis to it; bounded mode resumes from the newest intact checkpoint or not at all.
+    chosen: int | None = None  # the checkpoint to load; None: the newest intact one
+    use_checkpoint = resume and checkpoints.has_checkpoints()
+    if use_checkpoint and fixed:
+        chosen = checkpoints.newest_usable(task.trial_dir, say=say)
+        use_checkpoint = chosen is not None
+    if use_checkpoint:
+        # The chosen checkpoint (latest.json is a hint); nothing is deleted until it is loaded,
+        # the step files it vouches for are checked and Redis is squared with it.
+        state = checkpoints.load(modules, say=say, step=chosen)
         published.forget_initial()
         if dist.is_main:
             checkpoints.verify_records(state.step, task.trial_dir)
-            settle_resumed_commits(buffer, state, f"checkpoint step-{state.step:06d}")
+            start = f"checkpoint step-{state.step:06d}"
+            settle_resumed_commits(buffer, state, start, rewind=fixed)
             records.truncate_after(state.step)
     elif dist.is_main:
-        # No checkpoint ever completed: start from the initial weights. A resumed learner killed
-        # before its first checkpoint may already have published v0 and later versions; it
-        # redoes those steps like any resume (publish_unless_done), its uncommitted groups are
-        # still pending. (Sharded: the other ranks gathered v0 with rank 0, `PublishedWeights`.)
+        # No checkpoint usable (never completed, or in fixed mode none intact with its files):
+        # start from the initial weights. A resumed learner killed before its first checkpoint
+        # may already have published v0 and later versions; it redoes those steps like any
+        # resume (publish_unless_done), its uncommitted groups are still pending. (Sharded: the
+        # other ranks gathered v0 with rank 0, `PublishedWeights`.)
         if resume:
-            settle_resumed_commits(buffer, state, "the initial weights (no checkpoint)")
+            settle_resumed_commits(buffer, state, "the initial weights", rewind=fixed)
         records.truncate_after(-1)
         published.publish_initial(resume=resume)
         report, _seconds = ports.evals.wait(ports.evals.request(0))  # a generator runs them
@@ -123,26 +140,42 @@ def start_or_resume(
     return Start(state, published, records, Commits(checkpoints, modules, buffer, dist))
 
 
-def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: str) -> None:
+def settle_resumed_commits(
+    buffer: RolloutSource, state: TrainingState, start: str, *, rewind: bool = False
+) -> None:
     """Square the run's Redis with what the loaded checkpoint says was trained, before a resume
     deletes anything (`start` names where the learner resumes from).
 
     Groups Redis committed as trained that the checkpoint lacks were trained after it (a resume
-    that fell back past a damaged or deleted newer checkpoint): a commit deletes them from the
-    stream, so the steps after the checkpoint can never be retrained; ResumeError (one line)
-    now, instead of a wait for them until take_timeout_s. Groups the checkpoint has that Redis
-    still holds were trained and not yet committed (a learner killed between its checkpoint and
-    the commit): they are committed now, not read back and dropped as too stale."""
+    that fell back past a damaged or deleted newer checkpoint, or a damaged step file). A commit
+    deletes them from the stream. With `rewind` (fixed mode, where the steps after the
+    checkpoint are a deterministic function of it) they are rewound (`buffer.rewind`): unmarked
+    as trained, their tickets reissued so the generators make them again, each admitted only as
+    the copy that was trained, and the learner replays the steps after the checkpoint; one line
+    says so. Without (bounded mode) that is ResumeError (one line) now, instead of a wait for
+    them until take_timeout_s. Groups the checkpoint has that Redis still holds were trained and
+    not yet committed (a learner killed between its checkpoint and the commit): they are
+    committed now, not read back and dropped as too stale."""
     beyond = buffer.committed_beyond(set(state.trained_group_ids))
     if beyond:
         batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
         span = f"; batches {batches[0]}-{batches[-1]}" if batches else ""
         shown = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
-        raise ResumeError(
-            f"resuming from {start}, but the run's Redis committed {len(beyond)} group(s) as "
-            f"trained after it ({shown}{span}): a commit deletes a group from the buffer, so "
-            f"the steps after step {state.step} cannot be retrained; restore the newer "
-            "checkpoint (and its step files), or rerun the trial without --resume"
+        if not rewind:
+            raise ResumeError(
+                f"resuming from {start}, but the run's Redis committed {len(beyond)} group(s) "
+                f"as trained after it ({shown}{span}): a commit deletes a group from the buffer, "
+                f"so the steps after step {state.step} cannot be retrained in bounded mode; "
+                "restore the newer checkpoint (and its step files), or rerun the trial without "
+                "--resume"
+            )
+        buffer.rewind(beyond)
+        print(
+            f"rewinding to {start}: the run's Redis committed {len(beyond)} group(s) as trained "
+            f"after it ({shown}{span}); their tickets are reissued, the generators make them "
+            "again (each admitted only if identical to the copy trained before) and the steps "
+            f"after step {state.step} are replayed",
+            flush=True,
         )
     buffer.recommit(state.trained_group_ids)
 

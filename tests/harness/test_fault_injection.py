@@ -26,6 +26,7 @@ from contract.record import read_trial_record
 from contract.trial import RESUMABLE_STATUSES
 from harness.experiment.trial_runs import read_rollouts
 from learner.runtime.metrics_log import GroupLedger
+from learner.runtime.published import REPLAY_MISMATCH
 from tests.harness.shared_trials import GRPO_LAG1, Recipe
 from tests.harness.trial_helpers import (
     REPO,
@@ -109,14 +110,54 @@ def _assert_resumable(out: Path) -> None:
     assert record is None or record.status in RESUMABLE_STATUSES, status(out)
 
 
-def _kill_and_resume(out: Path, mode: str, kills_each: int, seed: int) -> Counter[str]:
+def _damage_newest_checkpoint(out: Path) -> str | None:
+    """Truncate the newest checkpoint's state (a disk that lost its tail): the resume must pass
+    it over and rewind to the one before, or to the initial weights (issue 41). Returns the
+    checkpoint's name, or None when none was written yet."""
+    states = sorted(TrialPaths(out).checkpoints.glob("step-*/state.pt"))
+    if not states:
+        return None
+    states[-1].write_bytes(states[-1].read_bytes()[: states[-1].stat().st_size // 2])
+    return states[-1].parent.name
+
+
+def _kill_damage_and_resume(
+    out: Path, supervisor: subprocess.Popen, mode: str
+) -> tuple[str | None, subprocess.Popen]:
+    """Once the trial has two checkpoints (so one to fall back to), kill its supervisor, damage
+    the newest checkpoint and resume: (the damaged checkpoint or None if the trial completed
+    first, the running supervisor)."""
+    checkpoints = TrialPaths(out).checkpoints
+    deadline = time.monotonic() + 120
+    while len(list(checkpoints.glob("step-*/manifest.json"))) < 2:
+        if supervisor.poll() is not None:  # the plan's last kill ended it, or it completed
+            if status(out) == "completed":
+                return None, supervisor
+            _assert_resumable(out)
+            supervisor = _start(out, resume=True, mode=mode)
+        if time.monotonic() > deadline:
+            return None, supervisor
+        time.sleep(0.05)
+    if _wait_and_kill(out, "supervisor", supervisor, delay=0.0) is None:
+        return None, supervisor
+    supervisor.wait(timeout=60)
+    _assert_resumable(out)
+    damaged = _damage_newest_checkpoint(out)
+    return damaged, _start(out, resume=True, mode=mode)
+
+
+def _kill_and_resume(
+    out: Path, mode: str, kills_each: int, seed: int, damage: bool = False
+) -> tuple[Counter[str], str | None]:
     """Run the trial to completion through `kills_each` SIGKILLs of every component; returns
-    the kills made. Asserts every process it saw is gone at the end."""
+    the kills made and, with `damage`, the checkpoint damaged before one more resume
+    (`_kill_damage_and_resume`). Asserts every process it saw is gone at the end."""
     rng = random.Random(seed)
     plan = [c for c in COMPONENTS for _ in range(kills_each)]
     rng.shuffle(plan)
     kills: Counter[str] = Counter()
     seen: set[int] = set()
+    damaged: str | None = None
     supervisor = _start(out, resume=False, mode=mode)
     for target in plan:
         pid = None
@@ -130,6 +171,9 @@ def _kill_and_resume(out: Path, mode: str, kills_each: int, seed: int) -> Counte
         kills[target] += 1
         seen.add(pid)
         time.sleep(0.5)  # let the trial notice (a killed generator is restarted in place)
+    if damage:
+        damaged, supervisor = _kill_damage_and_resume(out, supervisor, mode)
+        seen.add(supervisor.pid)
     while supervisor.wait(timeout=600) != 0:
         _assert_resumable(out)
         supervisor = _start(out, resume=True, mode=mode)
@@ -142,7 +186,7 @@ def _kill_and_resume(out: Path, mode: str, kills_each: int, seed: int) -> Counte
             seen.add(int(path.read_text()))
     assert [pid for pid in seen if process_alive(pid)] == []
     assert _redis_pids(out) == []
-    return kills
+    return kills, damaged
 
 
 def _assert_trained_exactly_once(out: Path) -> None:
@@ -154,10 +198,19 @@ def _assert_trained_exactly_once(out: Path) -> None:
 def test_every_component_killed_three_times_resumes_to_the_reference(
     tmp_path: Path, grpo_lag1: Path
 ) -> None:
+    """Fixed mode, and once more at the end, a kill with the newest checkpoint damaged: the
+    resume rewinds the run to the checkpoint before it (its Redis too: the groups committed
+    since are made again by the generators, each checked against the trained copy) and
+    replays, to the reference bit for bit."""
     reference = grpo_lag1  # shared, read-only
     out = tmp_path / "faulty"
-    kills = _kill_and_resume(out, "fixed", KILLS_EACH, seed=0)
+    kills, damaged = _kill_and_resume(out, "fixed", KILLS_EACH, seed=0, damage=True)
     assert kills == Counter(dict.fromkeys(COMPONENTS, KILLS_EACH))
+    assert damaged is not None, "the trial completed before it had two checkpoints"
+    learner_log = (out / "logs" / "learner.log").read_text()
+    assert f"checkpoint {damaged} passed over: state.pt is damaged" in learner_log
+    assert "rewinding to " in learner_log
+    assert REPLAY_MISMATCH not in learner_log  # every republished version equal to its first
     assert_same_metrics(reference, out)
     _assert_trained_exactly_once(out)
 
@@ -169,7 +222,7 @@ def test_bounded_mode_survives_kills_of_every_component(tmp_path: Path) -> None:
     with partial rollouts, every logged token's version within the group's start and the step's
     version."""
     out = tmp_path / "bounded"
-    kills = _kill_and_resume(out, "bounded", 2, seed=1)
+    kills, _ = _kill_and_resume(out, "bounded", 2, seed=1)
     assert kills == Counter(dict.fromkeys(COMPONENTS, 2))
     _assert_trained_exactly_once(out)
     assert all(row["lag"] <= LAG for row in GroupLedger(out).read())

@@ -9,8 +9,11 @@ as a run killed after saving the step-4 checkpoint and before committing its gro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +24,8 @@ import pytest
 from buffer.connection import RunKeys
 from buffer.consumer import create_group
 from buffer.producer import RolloutProducer
+from buffer.run_control import clear_stop
+from buffer.tickets import TicketDispenser
 from contract.trial import TrialStatus
 from harness.config import ConfigError
 from harness.trial.learner_main import ResumeFailedError, resume_failures_as_one_line
@@ -30,7 +35,7 @@ from learner.runtime.metrics_log import GroupLedger
 from learner.runtime.records import RolloutLog
 from tests.conftest import RedisInstance, start_test_redis, stop_test_redis
 from tests.harness.trial_helpers import deterministic_columns, metrics
-from tests.learner.learner_runs import fixed_task, push_lag0_batches, run_on_redis
+from tests.learner.learner_runs import fixed_task, push_lag0_batches, pushed_group, run_on_redis
 from tests.learner.tiny import save_tiny_policy
 
 SEED, PER_STEP, GROUP_SIZE, STEPS = 7, 2, 4, 4
@@ -54,7 +59,13 @@ def _evaluate(model, _step: int) -> float:
 
 
 def _run(
-    finished: Finished, trial_dir: Path, run_id: str, batches: range, resume: bool
+    finished: Finished,
+    trial_dir: Path,
+    run_id: str,
+    batches: range,
+    resume: bool,
+    *,
+    mode: str = "fixed",
 ) -> LearnerOutcome:
     client = finished.redis.client()
     _push_batches(RolloutProducer(client, run_id), run_id, batches)
@@ -67,6 +78,7 @@ def _run(
         trial_dir=trial_dir,
         take_timeout_s=3,  # a resume that wrongly waits for committed groups fails fast
     )
+    task = dataclasses.replace(task, mode=mode)
     weights_dir = trial_dir / "weights"
     return run_on_redis(
         task, client, run_id, weights_dir=weights_dir, evaluate=_evaluate, resume=resume
@@ -110,10 +122,14 @@ def _ledger(trial: Path) -> list[tuple[int, str]]:
     return [(row["step"], row["group_id"]) for row in GroupLedger(trial).read()]
 
 
-def _assert_same_as_finished(finished: Finished, trial: Path) -> None:
+def _assert_same_as_finished(
+    finished: Finished, trial: Path, counted: tuple[str, ...] = ()
+) -> None:
+    """Metrics (but the run counters in `counted`, which the test moved on purpose), ledger
+    and rollout log equal to the reference run's, bit for bit."""
     pd.testing.assert_frame_equal(
-        deterministic_columns(metrics(finished.trial_dir)),
-        deterministic_columns(metrics(trial)),
+        deterministic_columns(metrics(finished.trial_dir)).drop(columns=list(counted)),
+        deterministic_columns(metrics(trial)).drop(columns=list(counted)),
         check_exact=True,
     )
     assert _ledger(trial) == _ledger(finished.trial_dir)
@@ -183,7 +199,7 @@ def test_damaged_newest_state_falls_back_to_the_previous_checkpoint(
     assert {name: v for name, v in _files(trial).items() if _step_of(name) <= 2} == kept
     lines = capsys.readouterr().out.splitlines()
     reason = "state.pt is missing" if damage == "missing" else "state.pt is damaged"
-    assert any(line.startswith("checkpoint step-000004 skipped: " + reason) for line in lines)
+    assert any(line.startswith("checkpoint step-000004 passed over: " + reason) for line in lines)
     assert any(line.startswith("resuming from checkpoint step-000002") for line in lines)
 
 
@@ -191,29 +207,60 @@ def _step_of(name: str) -> int:
     return int(Path(name).stem.split("-")[1].split(".")[0])
 
 
-@pytest.mark.parametrize(
-    ("damage", "name", "step"),
-    [
-        ("missing", "metrics.parquet/part-000001.parquet", 1),
-        ("damaged", "metrics.parquet/part-000003.parquet", 3),
-        ("missing", "trained_groups/step-000002.json", 2),
-        ("damaged", "rollouts.parquet/part-000003.parquet", 3),
-    ],
-)
-def test_a_missing_or_damaged_step_file_fails_the_resume_in_one_line(
-    finished: Finished, tmp_path: Path, damage: str, name: str, step: int
-) -> None:
-    """It used to end `completed` with the rows or groups of that step silently missing. Run
-    as `harness learner` runs it: a ConfigError, which it prints as one `error:` line."""
-    trial = _copy(finished, tmp_path)
+DAMAGED_STEP_FILES = [
+    ("missing", "metrics.parquet/part-000001.parquet", 1),
+    ("damaged", "metrics.parquet/part-000003.parquet", 3),
+    ("missing", "trained_groups/step-000002.json", 2),
+    ("damaged", "rollouts.parquet/part-000003.parquet", 3),
+]
+
+
+def _damage(trial: Path, damage: str, name: str) -> None:
     path = trial / name
     if damage == "missing":
         path.unlink()
     else:
         path.write_bytes(path.read_bytes()[:-9] + b"x" * 9)
+
+
+@pytest.mark.parametrize(("damage", "name", "step"), DAMAGED_STEP_FILES)
+def test_a_missing_or_damaged_step_file_is_rebuilt_by_a_replay(  # noqa: PLR0917 (fixtures)
+    finished: Finished, tmp_path: Path, capsys, damage: str, name: str, step: int
+) -> None:
+    """Fixed mode (issue 41): the resume passes over every checkpoint that vouches for the
+    damaged file, loads the newest one before it (step 2 for damage at step 3; none, so the
+    initial weights, for damage at steps 1-2) and replays the steps after it bit for bit, the
+    file rebuilt. It used to fail the trial for good ("cannot resume from checkpoint ...").
+    The batches to replay are on a fresh run id, as the generators would make them again."""
+    trial = _copy(finished, tmp_path)
+    _damage(trial, damage, name)
+    checkpoint = 2 if step > 2 else None
+    replayed = range(checkpoint or 0, STEPS)  # batch k trains at step k + 1
+    run = f"rebuilt-{damage}-{Path(name).parent.stem}-{step}"
+    outcome = _run(finished, trial, run, replayed, resume=True)
+    assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
+    _assert_same_as_finished(finished, trial)
+    assert (trial / name).is_file()  # rebuilt (its timing columns differ, the rest is equal)
+    said = capsys.readouterr().out
+    assert f"checkpoint step-000004 passed over: {name} (step {step}) is {damage}" in said
+    if checkpoint is None:
+        assert "checkpoint step-000002 passed over" in said
+    else:
+        assert "resuming from checkpoint step-000002" in said
+
+
+@pytest.mark.parametrize(("damage", "name", "step"), DAMAGED_STEP_FILES[1:2])
+def test_bounded_mode_still_fails_a_damaged_step_file_in_one_line(
+    finished: Finished, tmp_path: Path, damage: str, name: str, step: int
+) -> None:
+    """Bounded mode does not replay (what it trained after a checkpoint depended on timing),
+    so a damaged step file stops the resume in one line, before anything is deleted. Run as
+    `harness learner` runs it: a ConfigError, which it prints as one `error:` line."""
+    trial = _copy(finished, tmp_path)
+    _damage(trial, damage, name)
     before = _files(trial)
     with pytest.raises(ResumeFailedError) as raised, resume_failures_as_one_line():
-        _run(finished, trial, f"{damage}-{step}", range(0), resume=True)
+        _run(finished, trial, f"bounded-{damage}-{step}", range(0), resume=True, mode="bounded")
     assert isinstance(raised.value, ConfigError)
     message = str(raised.value)
     assert "\n" not in message
@@ -223,23 +270,68 @@ def test_a_missing_or_damaged_step_file_fails_the_resume_in_one_line(
     assert json.loads((trial / "checkpoints/latest.json").read_text())["step"] == STEPS
 
 
-def test_a_fallback_past_committed_groups_fails_the_resume_at_once(
-    finished: Finished, tmp_path: Path
+def test_a_fallback_past_committed_groups_rewinds_the_run_and_replays(
+    finished: Finished, tmp_path: Path, capsys
 ) -> None:
-    """The step-4 checkpoint committed batches 2 and 3 (marked trained, deleted from the stream)
-    in the run's Redis. A resume that falls back to step 2 used to wait take_timeout_s for them
-    and fail with the buffer's timeout; now it fails before waiting or deleting anything."""
+    """The step-4 checkpoint committed batches 2 and 3 (marked trained, deleted from the
+    stream) in the run's Redis; its state is then lost. A resume that falls back to step 2
+    used to fail for good ("... cannot be retrained"). Fixed mode now rewinds the run
+    (`buffer.rewind`, tests/buffer/test_rewind.py): the 4 groups are unmarked and their tickets
+    reissued; the test, as the generators would, pushes them again, and the replay of steps
+    3-4 ends bit for bit as the reference run did."""
     trial = _copy(finished, tmp_path)
     (trial / "checkpoints/step-000004/state.pt").unlink()
-    before = _files(trial)
-    with pytest.raises(ResumeFailedError) as raised, resume_failures_as_one_line():
-        _run(finished, trial, "reference", range(0), resume=True)  # the run that committed
-    message = str(raised.value)
-    assert "\n" not in message
-    assert message.startswith("resuming from checkpoint step-000002, but the run's Redis")
-    assert "committed 4 group(s) as trained after it" in message and "batches 2-3" in message
-    assert "rerun the trial without --resume" in message
-    assert _files(trial) == before
+    client, run = finished.redis.client(), "reference"  # the run that committed them
+    keys = RunKeys(run)
+    clear_stop(client, run)  # as the supervisor does when it restarts a trial
+    failures: list[BaseException] = []
+    generator = threading.Thread(
+        target=_regenerate_reissued, args=(client, run, failures), daemon=True
+    )
+    generator.start()
+    outcome = _run(finished, trial, run, range(0), resume=True)
+    generator.join(timeout=10)
+    assert not failures, failures
+    assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
+    _assert_same_as_finished(finished, trial)
+    assert client.scard(keys.trained) == STEPS * PER_STEP and client.xlen(keys.stream) == 0
+    assert client.zcard(keys.ticket_leases) == 0  # every reissued ticket completed by its push
+    said = capsys.readouterr().out
+    assert "rewinding to checkpoint step-000002: the run's Redis committed 4 group(s)" in said
+    assert "batches 2-3" in said
+
+
+def _regenerate_reissued(client, run: str, failures: list[BaseException]) -> None:
+    """What a generator does after a rewind: claim the reissued tickets (expired leases) and
+    push their groups again, made as before (same seeds and versions), each completing its
+    ticket. An exception is kept in `failures` for the test to report."""
+    try:
+        _claim_and_push(client, run)
+    except BaseException as error:  # the test thread reports it
+        failures.append(error)
+
+
+def _claim_and_push(client, run: str) -> None:
+    dispenser, producer = TicketDispenser(client, run), RolloutProducer(client, run)
+    deadline = time.monotonic() + 10
+    keys = RunKeys(run)
+    while not client.zrangebyscore(keys.ticket_leases, 0, 0):  # until the resume rewinds
+        if time.monotonic() > deadline:
+            raise TimeoutError("no ticket was reissued")
+        time.sleep(0.01)
+    pushed = 0
+    while pushed < 2 * PER_STEP and time.monotonic() < deadline:
+        ticket = dispenser.claim("gen-test", limit=STEPS * PER_STEP)
+        if ticket is None:
+            time.sleep(0.02)
+            continue
+        batch = ticket // PER_STEP
+        group = pushed_group(
+            run, SEED, batch=batch, prompt=ticket, version=batch, group_size=GROUP_SIZE,
+            draw=ticket,
+        )  # fmt: skip
+        producer.push(group, batch_index=batch, ticket=ticket)
+        pushed += 1
 
 
 def test_groups_trained_but_not_committed_before_a_kill_are_committed_on_resume(
