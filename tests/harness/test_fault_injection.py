@@ -138,6 +138,13 @@ def _kill_damage_and_resume(
         if time.monotonic() > deadline:
             return None, supervisor
         time.sleep(0.05)
+    # Past the newest checkpoint's commit (its groups marked trained in Redis: the learner logs
+    # the next step after it), so the fallback has committed groups to rewind.
+    newest = max(int(p.parent.name.split("-")[1]) for p in checkpoints.glob("step-*/manifest.json"))
+    while not (out / "metrics.parquet" / f"part-{newest + 1:06d}.parquet").exists():
+        if supervisor.poll() is not None or time.monotonic() > deadline:
+            return None, supervisor
+        time.sleep(0.05)
     if _wait_and_kill(out, "supervisor", supervisor, delay=0.0) is None:
         return None, supervisor
     supervisor.wait(timeout=60)
