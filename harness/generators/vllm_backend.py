@@ -18,10 +18,10 @@ Facts this module relies on, checked against the installed vLLM (0.32):
   layout, but `UnquantizedFusedMoEMethod._setup_kernel` calls it only on the first load
   (`is_weight_update = self.moe_kernel is not None` skips it), so a reload leaves checkpoint-layout
   tensors where the kernel reads packed ones. After each reload we redo exactly that prepack
-  (`cpu_prepack_moe_weight`, same ISA, into the same storage): `_repack_cpu_moe`. This is checked
-  for vLLM 0.32 (tests/harness/test_moe_generation.py); on any other version, device or MoE kernel
-  the generator restarts the engine on the new weights instead, which is always right, only slower
-  (`weight_update` says which; see `_weight_update_plan`).
+  (`cpu_prepack_moe_weight`, same ISA, into the same storage): `vllm_moe_reload.repack_cpu_moe`.
+  This is checked for vLLM 0.32 (tests/harness/test_moe_generation.py); on any other version,
+  device or MoE kernel the generator restarts the engine on the new weights instead, which is
+  always right, only slower (`weight_update` says which; `vllm_moe_reload.weight_update_plan`).
 - `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps the engine in this process: it starts in ~3 s instead
   of ~17 s, thread counts stay under our control, and each decode step returns to our loop, which
   is what lets a generate call have a deadline and be aborted cleanly.
@@ -33,7 +33,6 @@ from __future__ import annotations
 import gc
 import itertools
 import json
-import logging
 import os
 import time
 from collections.abc import Sequence
@@ -52,14 +51,12 @@ from harness.generators.base import (
     group_samples,
     set_torch_threads,
 )
-
-logger = logging.getLogger(__name__)
-
-# How a new version reaches the engine: `reload` in place (dense models), `reload_repack` in place
-# plus the CPU fused-MoE prepack vLLM skips on reloads, `restart` a fresh engine on the version.
-WeightUpdate = Literal["reload", "reload_repack", "restart"]
-# vLLM versions whose in-place MoE reload (with `_repack_cpu_moe`) the tests have verified.
-VERIFIED_MOE_RELOAD_VLLM = ("0.32.",)
+from harness.generators.vllm_moe_reload import (
+    WeightUpdate,
+    moe_layouts,
+    repack_cpu_moe,
+    weight_update_plan,
+)
 
 
 class VLLMGenerator:
@@ -82,7 +79,7 @@ class VLLMGenerator:
         weight_update: Literal["auto", "restart"] = "auto",
     ) -> None:
         """`weight_update`: `auto` picks the fastest way known to be right for this model
-        (`_weight_update_plan`); `restart` always starts a fresh engine on each new version."""
+        (`weight_update_plan`); `restart` always starts a fresh engine on each new version."""
         model_dir = str(model_dir)
         config = json.loads((Path(model_dir) / "config.json").read_text())
         self._max_model_len = max_model_len or int(config["max_position_embeddings"])
@@ -110,7 +107,7 @@ class VLLMGenerator:
         self._version = 0
         self._start(model_dir)
         self.weight_update: WeightUpdate = (
-            "restart" if weight_update == "restart" else _weight_update_plan(self._llm, device)
+            "restart" if weight_update == "restart" else weight_update_plan(self._llm, device)
         )
 
     def _start(self, model_dir: str) -> None:
@@ -241,8 +238,8 @@ class VLLMGenerator:
             kwargs={"weights_path": location, "is_checkpoint_format": True},
         )
         if self.weight_update == "reload_repack":
-            layers = self._llm.apply_model(_moe_layouts)[0]
-            repacked = self._llm.apply_model(_repack_cpu_moe)[0]
+            layers = self._llm.apply_model(moe_layouts)[0]
+            repacked = self._llm.apply_model(repack_cpu_moe)[0]
             if repacked != len(layers):
                 raise RuntimeError(
                     f"repacked {repacked} of {len(layers)} CPU MoE layers after loading "
@@ -317,88 +314,6 @@ def _sample_of(output: Any, eos: int) -> Sample:
             f"'length', or 'stop' at EOS {eos}"
         )
     return ids, logprobs, reason
-
-
-def _weight_update_plan(llm: Any, device: str) -> WeightUpdate:
-    """`reload` for dense models; `reload_repack` for MoE where `_repack_cpu_moe` is verified
-    (CPU, vLLM 0.32, CPU grouped-GEMM experts); otherwise `restart`, since an in-place reload
-    nobody has checked may serve stale or garbled weights (see the module docstring)."""
-    import vllm
-
-    layouts = llm.apply_model(_moe_layouts)[0]
-    if not layouts:
-        return "reload"
-    verified = vllm.__version__.startswith(VERIFIED_MOE_RELOAD_VLLM)
-    if device == "cpu" and verified and all(kind == CPU_PREPACKED for kind in layouts):
-        return "reload_repack"
-    logger.warning(
-        "vLLM %s on %s with MoE layers %s: in-place weight reload is not verified here, so each "
-        "weight update restarts the engine",
-        vllm.__version__,
-        device,
-        sorted(set(layouts)),
-    )
-    return "restart"
-
-
-# `_moe_layouts` tag of a fused-MoE layer whose experts run vLLM's CPU grouped GEMM on prepacked
-# weights without intermediate padding: the one case `_repack_cpu_moe` fixes.
-CPU_PREPACKED = "cpu_prepacked"
-
-
-def _moe_layouts(model: Any) -> list[str]:
-    """Worker side: one `_layout_tag` per fused-MoE layer of the model."""
-    return [tag for module in model.modules() if (tag := _layout_tag(module)) is not None]
-
-
-def _layout_tag(module: Any) -> str | None:
-    """CPU_PREPACKED, another kernel's `method/experts` class names, or None (not fused MoE)."""
-    from vllm.model_executor.layers.fused_moe import (
-        FusedMoEMethodBase,
-        UnquantizedFusedMoEMethod,
-    )
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-    method = getattr(module, "quant_method", None)
-    if not isinstance(method, FusedMoEMethodBase):
-        return None
-    experts = getattr(getattr(method, "moe_kernel", None), "fused_experts", None)
-    plain = isinstance(method, UnquantizedFusedMoEMethod) and isinstance(
-        experts, CPUUnquantizedExperts
-    )
-    if plain and not getattr(experts, "_use_zentorch", True) and _unpadded(experts):
-        return CPU_PREPACKED
-    return f"{type(method).__name__}/{type(experts).__name__}"
-
-
-def _unpadded(experts: Any) -> bool:
-    """True when the CPU experts keep the checkpoint's intermediate size (no zero padding)."""
-    config = experts.moe_config
-    padded = experts._padded_intermediate_size(config)
-    return padded == config.intermediate_size_per_partition
-
-
-def _repack_cpu_moe(model: Any) -> int:
-    """Worker side: redo the CPU experts' prepack after a reload; returns the layers repacked.
-
-    `reload_weights` copies checkpoint-layout w13/w2 into the prepacked parameters (vLLM 0.32
-    skips `CPUUnquantizedExperts.process_weights_after_loading` on weight updates), so packing
-    them once more, in place, gives exactly what a fresh engine computes at load.
-    """
-    import torch
-    from vllm._custom_ops import cpu_prepack_moe_weight
-
-    repacked = 0
-    for module in model.modules():
-        if _layout_tag(module) != CPU_PREPACKED:
-            continue
-        experts = module.quant_method.moe_kernel.fused_experts
-        with torch.no_grad():
-            for name in ("w13_weight", "w2_weight"):
-                weight = getattr(module, name)
-                weight.data.copy_(cpu_prepack_moe_weight(weight.data, experts.isa))
-        repacked += 1
-    return repacked
 
 
 def _configure_environment(device: str, cpu_kvcache_space_gb: int) -> None:

@@ -112,13 +112,13 @@ class FakeLLM:
 
 def test_weight_update_plan_restarts_where_reload_is_unverified() -> None:
     pytest.importorskip("vllm")
-    from harness.generators.vllm_backend import CPU_PREPACKED, _weight_update_plan
+    from harness.generators.vllm_moe_reload import CPU_PREPACKED, weight_update_plan
 
-    assert _weight_update_plan(FakeLLM([]), "cpu") == "reload"  # dense
-    assert _weight_update_plan(FakeLLM([CPU_PREPACKED] * 2), "cpu") == "reload_repack"
-    assert _weight_update_plan(FakeLLM([CPU_PREPACKED] * 2), "cuda") == "restart"
+    assert weight_update_plan(FakeLLM([]), "cpu") == "reload"  # dense
+    assert weight_update_plan(FakeLLM([CPU_PREPACKED] * 2), "cpu") == "reload_repack"
+    assert weight_update_plan(FakeLLM([CPU_PREPACKED] * 2), "cuda") == "restart"
     unknown = [CPU_PREPACKED, "UnquantizedFusedMoEMethod/TritonExperts"]
-    assert _weight_update_plan(FakeLLM(unknown), "cpu") == "restart"
+    assert weight_update_plan(FakeLLM(unknown), "cpu") == "restart"
 
 
 # ---- one end-to-end trial on the MoE config ----------------------------------------------------
