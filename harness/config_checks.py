@@ -157,7 +157,7 @@ def check_path_component(field: str, value: str) -> str:
 
 
 NEAR_MISS_TASKS = ("addition", "multiplication", "repeat")
-"""Tasks with a near miss (`harness.models.warm_start.NEAR_MISSES`: answer + 1 for the integer
+"""Tasks with a near miss (`harness.models.near_miss.NEAR_MISSES`: answer + 1 for the integer
 tasks, one repetition too many for `repeat`)."""
 
 

@@ -9,13 +9,14 @@ The target response is the prompt's ground truth, also for `file` tasks (so a fi
 truths are not literal answers makes a poor warm start: use a pre-trained `model.path` there).
 
 Near misses (`model.warm_start_near_miss = q`): a share q of the examples target the answer plus
-one instead (`NearMissStream`; `repeat`: one repetition too many). A model trained only on right
-answers is either weak (RL then has to teach it arithmetic from rare successes: +0.06 greedy in 50
-steps, too slow to tell arms apart) or already solves the task. With near misses it computes the
-sum well but, at the last digits, puts about q of its mass on the off-by-one answer: greedy is
-often wrong while samples are often right, which is where RL with a verifiable reward acts on real
-models (it raises pass@1 towards pass@k by amplifying answers the model already samples). Which
-examples miss is a counter-based draw keyed by (init_seed, index), like the prompt stream itself.
+one instead (`harness.models.near_miss`; `repeat`: one repetition too many). A model trained only
+on right answers is either weak (RL then has to teach it arithmetic from rare successes: +0.06
+greedy in 50 steps, too slow to tell arms apart) or already solves the task. With near misses it
+computes the sum well but, at the last digits, puts about q of its mass on the off-by-one answer:
+greedy is often wrong while samples are often right, which is where RL with a verifiable reward
+acts on real models (it raises pass@1 towards pass@k by amplifying answers the model already
+samples). Which examples miss is a counter-based draw keyed by (init_seed, index), like the prompt
+stream itself.
 
 Determinism: all randomness comes from `torch.manual_seed(init_seed)` inside `fork_rng` (the
 caller's global RNG state is restored afterwards) and from the task stream of seed `init_seed`;
@@ -31,15 +32,14 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from harness.config import ModelConfig
+from harness.models.near_miss import NearMissStream
 from harness.models.tokenizer import encode_prompt, response_text
-from harness.tasks.base import NEAR_MISS_STREAM, Prompt, Task
-from harness.tasks.procedural import repeat_near_miss
+from harness.tasks.base import Prompt, Task
 from harness.tasks.rewards import RewardFn
 
 # One thread: bitwise-identical weights on any machine, and the tiny default model is
@@ -157,45 +157,6 @@ class TrainStream(Protocol):
     """What training reads: a `Task`, or a view of one (the chat warm start's `SftTask`)."""
 
     def train_prompt(self, seed: int, index: int) -> Prompt: ...
-
-
-def near_miss(ground_truth: str) -> str:
-    """The off-by-one answer of an integer task: what the warm start teaches instead, sometimes."""
-    return str(int(ground_truth) + 1)
-
-
-NEAR_MISSES: dict[str, Callable[[Prompt], str]] = {
-    "addition": lambda prompt: near_miss(prompt.ground_truth),
-    "multiplication": lambda prompt: near_miss(prompt.ground_truth),
-    # one repetition too many: the model learns to spell the word and to count, but stops late
-    "repeat": lambda prompt: repeat_near_miss(prompt.text, prompt.ground_truth),
-}
-"""task.name -> its near miss: a wrong answer next to the right one, which the model learns to
-prefer at about the warm start's near-miss share (`harness.config_checks.NEAR_MISS_TASKS` names
-the same tasks without importing torch)."""
-
-
-class NearMissStream:
-    """A task's training stream where a share `rate` of examples carry near-miss answers
-    (`NEAR_MISSES`, by the task's name).
-
-    Only the warm start reads it: RL prompts, evals and rewards use the task's true answers.
-    """
-
-    def __init__(self, task: Task, rate: float) -> None:
-        if not 0.0 <= rate < 1.0:
-            raise ValueError(f"near-miss rate {rate} must be in [0, 1)")
-        if task.name not in NEAR_MISSES:
-            raise ValueError(
-                f"task {task.name!r} has no near miss; tasks with one: {sorted(NEAR_MISSES)}"
-            )
-        self._task, self._rate, self._miss = task, rate, NEAR_MISSES[task.name]
-
-    def train_prompt(self, seed: int, index: int) -> Prompt:
-        prompt = self._task.train_prompt(seed, index)
-        if np.random.default_rng([NEAR_MISS_STREAM, seed, index]).random() >= self._rate:
-            return prompt
-        return Prompt(prompt.index, prompt.text, self._miss(prompt), prompt.messages)
 
 
 def train_supervised(
