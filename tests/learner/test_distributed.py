@@ -12,28 +12,26 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import socket
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from buffer.collate import RolloutBatch, collate
 from learner.config import ArmBase, LearnerConfig, make_arm
 from learner.runtime.distributed import (
     DistContext,
     broadcast_batch,
-    init_distributed,
     shutdown,
     unwrap,
 )
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.step import check_group_split, loss_units, train_on_batch
+from tests.learner.ranks import free_port, join_cpu_rank, spawn_ranks
 from tests.learner.tiny import random_groups, save_tiny_policy
 
-GROUP_SIZE, N_GROUPS, WORLD = 4, 4, 2
+GROUP_SIZE, N_GROUPS = 4, 4
 CASES = ("grpo_seq_mean", "grpo_dapo", "ppo", "grpo_seq_mean_micro", "ppo_micro")
 # Rows of 4-9 tokens in micro-batches of 12 padded tokens: in each minibatch rank 0's share packs
 # into 3 micro-batches, rank 1's into 2, split to 3 (DDP needs as many forwards on every rank);
@@ -91,19 +89,6 @@ def _step(models, batch: RolloutBatch, name: str, dist: DistContext | None = Non
     )
 
 
-def join_cpu_rank(rank: int, port: int) -> DistContext:
-    """In a spawned process: join the WORLD-rank gloo group as torchrun would, one thread."""
-    os.environ |= {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "WORLD_SIZE": str(WORLD),
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-    }
-    torch.set_num_threads(1)
-    return init_distributed("cpu")
-
-
 def _worker(rank: int, port: int, model_dir: Path, out: Path) -> None:
     dist = join_cpu_rank(rank, port)
     try:
@@ -126,17 +111,11 @@ def _ddp_step(model_dir: Path, batch: RolloutBatch, name: str, dist: DistContext
         torch.save({"state": state, "grad_norms": result.grad_norms}, out / f"{name}.pt")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def run_on_ranks(worker: Callable[[int, int, Path, Path], None], root: Path) -> tuple[Path, Path]:
-    """Run `worker(rank, port, model_dir, root)` on WORLD ranks over a new tiny policy in root."""
+    """Run `worker(rank, port, model_dir, out)` on WORLD ranks over a new tiny policy in root:
+    (model_dir, out), out the directory the ranks wrote their results to (`ranks.spawn_ranks`)."""
     model_dir = save_tiny_policy(root / "model")
-    mp.spawn(worker, args=(_free_port(), model_dir, root), nprocs=WORLD, join=True)
-    return model_dir, root
+    return model_dir, spawn_ranks(worker, model_dir, root)
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +203,7 @@ def test_torchrun_learner_two_ranks_smoke(tmp_path: Path) -> None:
         ]  # fmt: skip
 
     torchrun = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2")
-    torchrun += ("--master_port", str(_free_port()))
+    torchrun += ("--master_port", str(free_port()))
     (tmp_path / "redis").mkdir()
     with EmbeddedRedis(tmp_path / "redis", appendfsync="everysec") as server:
         env = {**os.environ, "HARNESS_REDIS_URL": server.url, "HARNESS_RUN_ID": "ddp-smoke"}

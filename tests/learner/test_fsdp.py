@@ -34,13 +34,8 @@ from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models, checkpoint_modules
 from learner.runtime.sharding import gather_full_weights, is_sharded
 from learner.runtime.step import StepModels, train_on_batch
-from tests.learner.test_distributed import (
-    GROUP_SIZE,
-    _batch,
-    join_cpu_rank,
-    run_on_ranks,
-    two_epoch_config,
-)
+from tests.learner.ranks import join_cpu_rank
+from tests.learner.test_distributed import GROUP_SIZE, _batch, run_on_ranks, two_epoch_config
 from tests.tiny_models import DENSE_POLICY, tiny_model
 
 STEPS = 3
