@@ -89,10 +89,12 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     return frame.reset_index(drop=True), problems
 
 
-def staleness_policy(mode: str, lag: int, sync_every: int) -> str:
+def staleness_policy(mode: str, lag: int, sync_every: int, partial: bool = False) -> str:
     """The staleness policy of a trial in words: its mode and lag (admission control and, in
-    bounded mode, dropping), and the weight-sync interval when generators sync less often."""
+    bounded mode, dropping), partial rollouts (in-flight responses continued on new weights),
+    and the weight-sync interval when generators sync less often."""
     words = f"fixed lag {lag}" if mode == "fixed" else f"bounded, max lag {lag}"
+    words += ", partial rollouts" if partial else ""
     return words + (f", weights synced every {sync_every} steps" if sync_every > 1 else "")
 
 
@@ -105,23 +107,36 @@ def _resolved_config(trial_dir: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _sync_every(config: dict) -> int:
-    """`staleness.sync_every` of a resolved config (1 when absent: written before the option
-    existed, or at its default, which the resolved config leaves out)."""
-    staleness = config.get("staleness")
-    value = staleness.get("sync_every", 1) if isinstance(staleness, dict) else 1
-    return value if isinstance(value, int) and value >= 1 else 1
+def _arm_entry(config: dict, arm: str) -> dict:
+    """Arm `arm`'s entry of a resolved config's `arms` ({} when the config does not list it)."""
+    arms = config.get("arms")
+    for entry in arms if isinstance(arms, list) else []:
+        if isinstance(entry, dict) and entry.get("name") == arm:
+            return entry
+    return {}
+
+
+def _regime(config: dict, arm: str) -> tuple[int, bool]:
+    """(sync_every, partial_rollouts) of arm `arm`'s trials in a resolved config: the arm's own
+    `staleness` fields where set, else the experiment's (`harness.staleness_regimes`); 1 and
+    False when absent (written before the options existed, or at their defaults, which the
+    resolved config leaves out)."""
+    own = _arm_entry(config, arm).get("staleness")
+    shared = config.get("staleness")
+    layers = [part for part in (own, shared) if isinstance(part, dict)]
+    sync = next((part["sync_every"] for part in layers if part.get("sync_every") is not None), 1)
+    partial = next(
+        (part["partial_rollouts"] for part in layers if part.get("partial_rollouts") is not None),
+        False,
+    )
+    return (sync if isinstance(sync, int) and sync >= 1 else 1), partial is True
 
 
 def _correction(config: dict, arm: str) -> str:
     """The off-policy correction arm `arm` of a resolved config applies ("" when none, or when
     the config does not list the arm): the report's corrections section needs one to show."""
-    arms = config.get("arms")
-    for entry in arms if isinstance(arms, list) else []:
-        if isinstance(entry, dict) and entry.get("name") == arm:
-            value = entry.get("correction")
-            return value if isinstance(value, str) else ""
-    return ""
+    value = _arm_entry(config, arm).get("correction")
+    return value if isinstance(value, str) else ""
 
 
 def _trial_row(
@@ -147,7 +162,7 @@ def _trial_row(
         "steps_planned": record.steps_planned,
         "last_step": last_step,
         "started_s": _epoch_s(record.started_at),
-        "policy": staleness_policy(str(record.mode), record.lag, _sync_every(config)),
+        "policy": staleness_policy(str(record.mode), record.lag, *_regime(config, record.arm)),
         "correction": _correction(config, record.arm),
     }
 

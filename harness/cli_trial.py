@@ -43,9 +43,10 @@ def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> Tria
         raise fail(f"--seed must be >= 0, got {seed}")
     if lag < 0:
         raise fail(f"--lag must be >= 0, got {lag}")
-    if mode == "fixed" and cfg.staleness.partial_rollouts:
+    if mode == "fixed" and cfg.regime(arm).partial_rollouts:
         raise fail(
-            "--mode fixed with staleness.partial_rollouts: partial rollouts are bounded mode's "
+            f"--mode fixed with partial rollouts (arm {arm!r}'s regime, from staleness."
+            "partial_rollouts or the arm's own staleness): partial rollouts are bounded mode's "
             "(fixed mode generates each batch with exactly one version); pass --mode bounded"
         )
     return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)

@@ -55,6 +55,7 @@ from harness.config_sections import (
 from harness.config_tuning import TuningConfig
 from harness.overrides import ConfigError, apply_overrides
 from harness.seeds import SeedList
+from harness.staleness_regimes import Regime, arm_regime, check_arm_regimes
 from learner.config import (
     ArmConfig,
     LearnerConfig,
@@ -224,6 +225,7 @@ class ExperimentConfig(BaseModel):
     def _check(self) -> ExperimentConfig:
         """The rules across sections (`harness.config_checks`), the first broken one reported."""
         check_arms_and_seeds(self)
+        check_arm_regimes(self.staleness, self.arms)
         check_model_and_backends(self)
         check_staleness_and_depth(self)
         check_generator_cpu_sets(self)
@@ -243,6 +245,10 @@ class ExperimentConfig(BaseModel):
         of any arm when `arm` is None."""
         arms = self.arms if arm is None else [self.arm(arm)]
         return max((a.sampling_rounds() for a in arms), default=0)
+
+    def regime(self, arm: str) -> Regime:
+        """The staleness regime arm `arm`'s trials run under (`harness.staleness_regimes`)."""
+        return arm_regime(self.staleness, self.arm(arm))
 
     def arm(self, name: str) -> ArmConfig:
         for arm in self.arms:

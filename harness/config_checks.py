@@ -98,7 +98,7 @@ def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
     # every draw of a step stays unacked until the checkpoint (extra rounds included); a sync
     # interval lets groups be sync_every - 1 versions staler
     draws = cfg.learner.checkpoint_every * (1 + rounds)
-    oldest = max(cfg.staleness.lags) + cfg.staleness.sync_every - 1
+    oldest = max(cfg.regime(arm.name).oldest for arm in cfg.arms)
     depth_needed = (draws + oldest + 2) * cfg.learner.prompts_per_step
     if cfg.buffer.max_depth < depth_needed:
         extra = " x (1 + max dynamic_sampling_rounds)" if rounds else ""

@@ -1,9 +1,12 @@
 """Section "Staleness and utilisation": what each lag buys in throughput and utilisation, and
 what it costs in score.
 
-Per (arm, lag): learner steps per second, learner wait fraction and generator idle fraction
-(mean across seeds with bootstrap intervals), and which lags are Pareto-optimal on
-(throughput, final-score IQM): no other lag is at least as good on both and better on one.
+Per (arm, lag): learner steps per second, learner wait fraction, generator idle fraction and
+mean per-token lag (mean across seeds with bootstrap intervals), and which lags are
+Pareto-optimal on (throughput, final-score IQM): no other lag is at least as good on both and
+better on one. A staleness regime other than the experiment's (partial rollouts, a weight-sync
+interval) is an arm of its own (`learner.config.arm_staleness`), so the overall Pareto flags
+mark the front over every regime and lag.
 The Pareto flags and the trade-off figure compare lags, so an experiment with a single lag gets
 neither (each lag would be plotted, and found optimal, against itself): only the throughput and
 utilisation table, under a heading without "staleness".
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-UTILISATION_METRICS = ("steps_per_s", "learner_wait_frac", "gen_idle_frac")
+UTILISATION_METRICS = ("steps_per_s", "learner_wait_frac", "gen_idle_frac", "token_lag_mean")
 METHODS: list[str] = []
 
 
@@ -139,7 +142,18 @@ def _by_lag(ax: Axes, cells: pd.DataFrame, colors: dict[str, str], ls: str = "-"
 
 
 def _frontier_panel(ax: Axes, frontier: pd.DataFrame, colors: dict[str, str]) -> None:
-    """Throughput vs final-score IQM per arm, Pareto-optimal lags ringed."""
+    """Throughput vs final-score IQM per arm, each arm's Pareto-optimal lags ringed, and the
+    front over every arm and lag (with regimes as arms: over every regime) dashed."""
+    front = frontier[frontier["pareto_overall"]].sort_values("steps_per_s")
+    if len(frontier["arm"].unique()) > 1 and len(front):
+        ax.plot(
+            front["steps_per_s"],
+            front["final_iqm"],
+            "k--",
+            lw=1,
+            zorder=0,
+            label="Pareto front over all arms",
+        )
     for arm, pts in frontier.groupby("arm", sort=True):
         ax.plot(pts["steps_per_s"], pts["final_iqm"], "o-", color=colors[arm], alpha=0.6)
         best = pts[pts["pareto_within_arm"]]
@@ -161,7 +175,7 @@ def _frontier_panel(ax: Axes, frontier: pd.DataFrame, colors: dict[str, str]) ->
                     textcoords="offset points",
                 )
     ax.set(
-        title="trade-off (ringed = Pareto-optimal lag)",
+        title="trade-off (ringed = Pareto-optimal lag of its arm)",
         xlabel="steps / s",
         ylabel="final score IQM",
     )
@@ -178,7 +192,7 @@ def staleness_figure(
     if pd.concat([stale["lag"], final["lag"]]).dropna().nunique() < 2:
         return None
     colors = colors or figures.arm_colors(list(summary["arm"].dropna().unique()))
-    fig, axes = figures.grid(4, width=5.0, height=3.6, max_cols=2)
+    fig, axes = figures.grid(6, width=5.0, height=3.6, max_cols=2)
     _by_lag(axes[0], final, colors)
     axes[0].set(title="final score (IQM)", xlabel="lag", ylabel="pass rate")
     _by_lag(axes[1], stale[stale["statistic"] == "steps_per_s"], colors)
@@ -191,7 +205,11 @@ def staleness_figure(
         ylabel="fraction of time",
         ylim=(-0.02, 1.02),
     )
-    _frontier_panel(axes[3], frontier, colors)
+    _by_lag(axes[3], stale[stale["statistic"] == "token_lag_mean"], colors)
+    axes[3].set(title="per-token lag (mean)", xlabel="lag", ylabel="versions behind the learner")
+    _frontier_panel(axes[4], frontier, colors)
+    axes[5].remove()  # five panels in a 2-column grid
+    axes = axes[:5]
     for a in axes:
         a.grid(alpha=0.3)
     figures.outside_legend(fig, axes)
@@ -216,7 +234,8 @@ def blocks(page: Page) -> list[Block]:
                 "staleness",
                 "Throughput and utilisation per arm",
                 "Learner steps/s (1 / median step time), learner wait and generator idle "
-                "fractions: mean across seeds with CI. One lag ran, so there is no staleness "
+                "fractions, mean per-token lag: mean across seeds with CI. One lag ran, so there "
+                "is no staleness "
                 "trade-off to show.",
             ),
         ]
@@ -226,13 +245,15 @@ def blocks(page: Page) -> list[Block]:
             page.summary,
             "staleness",
             "Throughput and utilisation by lag",
-            "Learner steps/s (1 / median step time), learner wait and generator idle fractions: "
-            "mean across seeds with CI. pareto_* = 1 if the lag is Pareto-optimal on "
+            "Learner steps/s (1 / median step time), learner wait and generator idle "
+            "fractions, mean per-token lag (versions between the policy that sampled a response "
+            "token and the learner step that trained it): mean across seeds with CI. pareto_* "
+            "= 1 if the lag is Pareto-optimal on "
             "(throughput, final-score IQM) within the arm / over all arms and lags.",
         ),
         *figure(
             page.figures,
             "staleness_tradeoff",
-            "Staleness trade-off: score, throughput and utilisation vs lag.",
+            "Staleness trade-off: score, throughput, utilisation and per-token lag vs lag.",
         ),
     ]

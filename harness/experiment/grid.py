@@ -68,6 +68,8 @@ def expand_trials(cfg: ExperimentConfig, out_dir: Path | None = None) -> list[Pl
     for seed in cfg.seeds:
         for lag in cfg.staleness.lags:
             for arm in cfg.arms:
+                if lag not in cfg.regime(arm.name).lags:  # the arm runs at some lags only
+                    continue
                 name = trial_name(arm.name, seed, lag, mode)
                 trial_dir = experiment.trial(name).root
                 specs.append(

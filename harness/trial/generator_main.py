@@ -210,11 +210,12 @@ def _generate(
         model_dir=maker.model_dir,
         fetcher=fetcher,
     )
-    partial = spec.mode == "bounded" and cfg.staleness.partial_rollouts
+    regime = cfg.regime(spec.arm)  # the experiment's staleness with the arm's own on top
+    partial = spec.mode == "bounded" and regime.partial_rollouts
     updates = (
         PublishedUpdates(
             versions,
-            cfg.staleness.sync_every,
+            regime.sync_every,
             cfg.staleness.partial_check_tokens,
             fetcher,
         )
@@ -256,7 +257,7 @@ def _generate(
             continue
         crash_if_armed(FAULT_CRASH_FILE_ENV, claimed.__contains__, f"holding tickets {claimed}")
         batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
-        sync_every = cfg.staleness.sync_every
+        sync_every = regime.sync_every
         want = (
             fixed_policy_version(batch_index, spec.lag, sync_every)
             if spec.mode == "fixed"

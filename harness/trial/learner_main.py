@@ -208,7 +208,7 @@ def learner_task(
         sampling=cfg.generation.sampling(),  # the learner scores under the generators' sampling
         prompt_ids=trial_prompt_ids(cfg, spec.seed, model_dir, tokenizer),  # intake checks them
         decode=text_decoder(tokenizer),  # the rollout log's text columns
-        sync_every=cfg.staleness.sync_every,
+        sync_every=cfg.regime(spec.arm).sync_every,
     )
 
 

@@ -28,6 +28,7 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from learner.algorithms.correction_spec import CorrectionSpec, correction_spec
+from learner.config.arm_staleness import ArmStaleness
 from learner.config.arm_training import TrainingOverrides
 from learner.config.shared import LearnerConfig
 from learner.vocabulary import (
@@ -104,6 +105,12 @@ class ArmBase(TrainingOverrides):
         ge=0,
         description="Lower mask bound (mis_*, icepop); default per correction (ICEPOP and "
         "mis_geo 0.5, others 0 = none).",
+    )
+    staleness: ArmStaleness | None = Field(
+        default=None,
+        description="The arm's own staleness regime (`learner.config.arm_staleness`): the lags "
+        "of staleness.lags it runs at, partial_rollouts, sync_every; unset fields follow the "
+        "experiment's staleness section. A regime compared as an arm of its own.",
     )
 
     @model_validator(mode="before")

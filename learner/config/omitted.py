@@ -11,7 +11,8 @@ kept wherever it is read, because its default changed what those arms compute.
 from __future__ import annotations
 
 from contract.config_dump import OmitAtDefault
-from learner.config.arm_base import GroupArm
+from learner.config.arm_base import ArmBase, GroupArm
+from learner.config.arm_staleness import ArmStaleness
 from learner.config.arm_training import TrainingOverrides
 from learner.config.arms import PPOArm
 from learner.config.shared import LearnerConfig, RolloutLogConfig
@@ -38,6 +39,9 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     # an arm's optimiser overrides, unset: it trains with `learner.*`
     *(OmitAtDefault(TrainingOverrides, name, None) for name in TrainingOverrides.training_fields),
     OmitAtDefault(PPOArm, "value_lr", None),
+    # an arm's own staleness regime, unset: the experiment's (`learner.config.arm_staleness`)
+    OmitAtDefault(ArmBase, "staleness", None),
+    *(OmitAtDefault(ArmStaleness, name, None) for name in ArmStaleness.model_fields),
     # group arms: the estimator and DAPO's dynamic sampling, off
     OmitAtDefault(GroupArm, "adv_estimator", "group"),
     OmitAtDefault(GroupArm, "adv_norm", "std", when=_estimator_ignores_adv_norm),

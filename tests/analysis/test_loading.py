@@ -157,21 +157,36 @@ def test_invalid_record_is_a_problem_naming_file_and_field(tmp_path: Path) -> No
 
 
 def test_each_trial_states_its_staleness_policy(tmp_path: Path) -> None:
-    """Mode and lag from trial.json, the weight-sync interval from the resolved config (absent
-    or at its default 1: every step); the Trials section says which policies ran, counted."""
+    """Mode and lag from trial.json, partial rollouts and the weight-sync interval from the
+    resolved config: the trial's arm's own `staleness` fields where set, else the experiment's
+    (absent or at their defaults: none, every step); the Trials section says which policies
+    ran, counted."""
     _trial(tmp_path, "a")
     (_trial(tmp_path, "b", mode="bounded", lag=2) / "resolved_config.yaml").write_text(
         "staleness:\n  mode: bounded\n  lags: [2]\n  sync_every: 3\n"
     )
     (_trial(tmp_path, "c", lag=1) / "resolved_config.yaml").write_text("staleness: {lags: [1]}\n")
+    own = (
+        "staleness: {mode: bounded, lags: [1], sync_every: 3}\n"
+        "arms:\n  - {name: gspo, objective: gspo, staleness: {partial_rollouts: true, "
+        "sync_every: 2}}\n  - {name: grpo, objective: grpo}\n"
+    )
+    (_trial(tmp_path, "d", mode="bounded", lag=1) / "resolved_config.yaml").write_text(own)
+    (_trial(tmp_path, "e", mode="bounded", lag=1, arm="grpo") / "resolved_config.yaml").write_text(
+        own
+    )
     trials = load_experiment(tmp_path).trials.set_index("trial_name")
     assert trials["policy"].to_dict() == {
         "a": "fixed lag 0",
         "b": "bounded, max lag 2, weights synced every 3 steps",
         "c": "fixed lag 1",
+        "d": "bounded, max lag 1, partial rollouts, weights synced every 2 steps",
+        "e": "bounded, max lag 1, weights synced every 3 steps",
     }
     line = policy_line(trials.reset_index())
     assert line == (
-        "Staleness policies: bounded, max lag 2, weights synced every 3 steps (1 trial); "
-        "fixed lag 0 (1 trial); fixed lag 1 (1 trial)."
+        "Staleness policies: bounded, max lag 1, partial rollouts, weights synced every 2 "
+        "steps (1 trial); bounded, max lag 1, weights synced every 3 steps (1 trial); bounded, "
+        "max lag 2, weights synced every 3 steps (1 trial); fixed lag 0 (1 trial); fixed lag 1 "
+        "(1 trial)."
     )

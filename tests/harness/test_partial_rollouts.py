@@ -121,8 +121,9 @@ def test_a_spanning_group_travels_with_its_versions(redis_server, tmp_path: Path
 def test_a_partial_rollout_trial_logs_spanning_responses_each_token_scored_by_its_version(
     tmp_path: Path,
 ) -> None:
-    """A bounded lag-1 trial with partial rollouts on the vLLM generator (the torch generator's
-    run in the bounded fault-injection trial, tests/harness/test_fault_injection.py): it
+    """A bounded lag-1 trial with partial rollouts (its arm's own regime) on the vLLM generator
+    (the torch generator's run in the bounded fault-injection trial, which sets the experiment's
+    staleness.partial_rollouts, tests/harness/test_fault_injection.py): it
     completes, its rollout log holds responses whose tokens span two versions, and every logged
     token's behaviour log-prob is the learner's log-prob of it under its recorded version, read
     back from the weight store. The test slows each check for new weights
@@ -130,7 +131,9 @@ def test_a_partial_rollout_trial_logs_spanning_responses_each_token_scored_by_it
     out = tmp_path / "trial"
     extra = (
         "staleness.mode=bounded",
-        "staleness.partial_rollouts=true",
+        # the arm's own regime (`arms[].staleness`); the fault-injection trial sets the
+        # experiment's staleness.partial_rollouts
+        "arms.grpo.staleness.partial_rollouts=true",
         "learner.keep_versions=20",  # every version stays in the store to be re-scored
         "evals=[]",
         "eval.samples=0",

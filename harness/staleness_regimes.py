@@ -1,0 +1,63 @@
+"""The staleness regime each arm's trials run under: the experiment's `staleness` section with
+the arm's own `staleness` fields on top (`learner.config.arm_staleness`, why regimes are arms).
+
+Every reader of a trial's regime (the grid's lags, the generators' partial rollouts and sync
+interval, the learner's intake, the buffer-depth rule, the report's policy column) goes through
+`arm_regime`, so an arm's override cannot reach one of them and miss another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from buffer.config import StalenessConfig
+from learner.config import ArmBase
+
+
+@dataclass(frozen=True)
+class Regime:
+    """One arm's staleness settings, resolved."""
+
+    lags: tuple[int, ...]
+    partial_rollouts: bool
+    sync_every: int
+
+    @property
+    def oldest(self) -> int:
+        """How many versions behind the learner a group of this regime may be (its largest
+        lag, plus sync_every - 1 for a generator that loads weights only every k steps)."""
+        return max(self.lags) + self.sync_every - 1
+
+
+def arm_regime(staleness: StalenessConfig, arm: ArmBase) -> Regime:
+    """The arm's regime: its own fields where set, the experiment's elsewhere."""
+    own = arm.staleness
+    lags = own.lags if own is not None and own.lags is not None else tuple(staleness.lags)
+    partial = staleness.partial_rollouts
+    if own is not None and own.partial_rollouts is not None:
+        partial = own.partial_rollouts
+    sync = own.sync_every if own is not None and own.sync_every is not None else None
+    return Regime(lags, partial, sync or staleness.sync_every)
+
+
+def check_arm_regimes(staleness: StalenessConfig, arms: list[ArmBase]) -> None:
+    """An arm's lags are some of the experiment's (the grid's axis), and its partial rollouts
+    need bounded mode: each refused in one line naming `arms[i].staleness.<field>`."""
+    for index, arm in enumerate(arms):
+        own = arm.staleness
+        if own is None:
+            continue
+        where = f"arms[{index}].staleness"
+        if own.lags is not None and not set(own.lags) <= set(staleness.lags):
+            extra = sorted(set(own.lags) - set(staleness.lags))
+            raise ValueError(
+                f"{where}.lags of arm {arm.name!r} has {extra}, which staleness.lags "
+                f"{list(staleness.lags)} does not: an arm runs at some of the experiment's lags; "
+                "add them to staleness.lags"
+            )
+        if own.partial_rollouts and staleness.mode == "fixed":
+            raise ValueError(
+                f"{where}.partial_rollouts of arm {arm.name!r} needs staleness.mode: bounded: "
+                "fixed mode generates each batch with exactly one version (and so repeats bit "
+                "for bit), while a partial rollout takes new weights whenever they are published"
+            )
