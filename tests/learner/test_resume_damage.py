@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from buffer.connection import RunKeys
-from buffer.consumer import create_group
+from buffer.consumer import RolloutConsumer, create_group
 from buffer.producer import RolloutProducer
 from buffer.run_control import clear_stop
 from buffer.tickets import TicketDispenser
@@ -299,6 +299,61 @@ def test_a_fallback_past_committed_groups_rewinds_the_run_and_replays(
     said = capsys.readouterr().out
     assert "rewinding to checkpoint step-000002: the run's Redis committed 4 group(s)" in said
     assert "batches 2-3" in said
+
+
+class _KilledAfterRewind(BaseException):
+    """A learner dying right after its Redis rewind, before it touched a file (a BaseException,
+    so no `except Exception` on the way out treats it as a failure to report)."""
+
+
+def test_a_learner_killed_right_after_its_rewind_resumes_again(
+    finished: Finished, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """The rewind's Redis step is one atomic script and the step files are truncated only after
+    it, so a learner killed between the two leaves groups rewound and files untouched. The next
+    resume finds nothing committed past its checkpoint (the rewind is idempotent: it says
+    nothing more), truncates the files, and the replay with the regenerated groups ends bit for
+    bit as the reference run did."""
+    run = "killed-rewind"  # a run of its own that committed all 4 steps, then lost step 4
+    done = tmp_path / "done"
+    assert _run(finished, done, run, range(STEPS), resume=False).steps_completed == STEPS
+    trial = tmp_path / "trial"
+    shutil.copytree(done, trial)
+    (trial / "checkpoints/step-000004/state.pt").unlink()
+    before = _files(trial)
+    client, keys = finished.redis.client(), RunKeys(run)
+    rewind = RolloutConsumer.rewind
+
+    def rewind_then_die(self, group_ids):
+        rewind(self, group_ids)
+        raise _KilledAfterRewind
+
+    monkeypatch.setattr(RolloutConsumer, "rewind", rewind_then_die)
+    clear_stop(client, run)
+    with pytest.raises(_KilledAfterRewind):
+        _run(finished, trial, run, range(0), resume=True)
+    # it died inside the rewind, before the line saying so
+    assert "resuming from checkpoint step-000002" in capsys.readouterr().out
+    assert client.scard(keys.trained) == 2 * PER_STEP  # batches 2 and 3 unmarked
+    assert client.zcard(keys.ticket_leases) == 2 * PER_STEP  # their tickets reissued
+    assert _files(trial) == before  # killed before any file was truncated
+    monkeypatch.undo()
+
+    clear_stop(client, run)
+    failures: list[BaseException] = []
+    generator = threading.Thread(
+        target=_regenerate_reissued, args=(client, run, failures), daemon=True
+    )
+    generator.start()
+    outcome = _run(finished, trial, run, range(0), resume=True)
+    generator.join(timeout=10)
+    assert not failures, failures
+    assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
+    said = capsys.readouterr().out
+    assert "resuming from checkpoint step-000002" in said and "rewinding" not in said
+    _assert_same_as_finished(finished, trial)
+    assert client.scard(keys.trained) == STEPS * PER_STEP and client.xlen(keys.stream) == 0
+    assert client.zcard(keys.ticket_leases) == 0
 
 
 def _regenerate_reissued(client, run: str, failures: list[BaseException]) -> None:
