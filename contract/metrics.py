@@ -150,10 +150,17 @@ VALUE_RETURN_MEAN: Final = "value/return_mean"
 MOE_LOAD_IMBALANCE: Final = "moe/load_imbalance"
 MOE_ROUTER_ENTROPY: Final = "moe/router_entropy"
 MOE_ROUTING_CHANGE_FRAC: Final = "moe/routing_change_frac"
+# The largest layer's routing change (the per-layer shares' spread next to their mean above), and
+# the share of scored tokens whose experts changed in at least one layer (an update's re-routing
+# of whole tokens, what moves a token's ratio; `learner.runtime.moe_metrics.rerouted_counts`).
+MOE_ROUTING_CHANGE_MAX: Final = "moe/routing_change_frac_max"
+MOE_TOKEN_REROUTED_FRAC: Final = "moe/token_rerouted_frac"
 # R3 (routing_replay: rollout): share of scored positions where the learner's own router, at the
 # start of the step, picks other experts than the generator recorded (the routing mismatch R3
 # removes).
 MOE_ROLLOUT_ROUTING_MISMATCH: Final = "moe/rollout_routing_mismatch"
+# ... and the share of scored tokens the generator routed elsewhere in at least one layer.
+MOE_ROLLOUT_TOKEN_REROUTED_FRAC: Final = "moe/rollout_token_rerouted_frac"
 
 # Every per-step metric, in a stable order: each row of metrics.parquet carries all of them
 # (NaN where not measured), so every part file has the same schema and any Parquet reader,
@@ -266,7 +273,10 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         MOE_LOAD_IMBALANCE: "mean",
         MOE_ROUTER_ENTROPY: "mean",
         MOE_ROUTING_CHANGE_FRAC: "mean",
+        MOE_ROUTING_CHANGE_MAX: "max",
+        MOE_TOKEN_REROUTED_FRAC: "mean",
         MOE_ROLLOUT_ROUTING_MISMATCH: "mean",
+        MOE_ROLLOUT_TOKEN_REROUTED_FRAC: "mean",
     }
 )
 

@@ -68,12 +68,12 @@ from learner.runtime.moe_hooks import (
 )
 from learner.runtime.moe_metrics import (
     change_fraction,
-    changed_per_layer,
     expert_counts_per_layer,
     load_imbalance_of_counts,
     load_imbalance_per_layer,
     masked_mean_per_layer,
     predicting_positions,
+    rerouted_counts,
     router_entropy_per_layer,
     routing_change_per_layer,
 )
@@ -119,16 +119,24 @@ __all__ = [  # the hooks, the metric functions and the record live next door, re
     "routing_metrics",
 ]
 
-MOE_METRICS = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC)
-ROLLOUT_METRICS = (M.MOE_ROLLOUT_ROUTING_MISMATCH,)  # only when the batch carries routing
+MOE_METRICS = (
+    M.MOE_LOAD_IMBALANCE,
+    M.MOE_ROUTER_ENTROPY,
+    M.MOE_ROUTING_CHANGE_FRAC,
+    M.MOE_ROUTING_CHANGE_MAX,
+    M.MOE_TOKEN_REROUTED_FRAC,
+)
+# only when the batch carries the generator's routing
+ROLLOUT_METRICS = (M.MOE_ROLLOUT_ROUTING_MISMATCH, M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC)
 
 
 class RoutingTally:
     """The `moe/*` metrics' integer counts, added up one micro-batch part at a time (`add`):
-    each layer's tokens per expert under `old` (load imbalance), and its tokens whose expert
-    set differs between `old` and `new` (routing change) or `old` and the generator's `rollout`
-    (rollout mismatch). Counts add exactly, so any split gives the whole batch's metrics bit for
-    bit; the router entropy, a float mean, is taken from `old`'s whole record (`metrics`).
+    each layer's tokens per expert under `old` (load imbalance), its tokens whose expert set
+    differs between `old` and `new` (routing change) or `old` and the generator's `rollout`
+    (rollout mismatch), and the tokens that differ so in at least one layer (a part holds whole
+    rows, every layer of them). Counts add exactly, so any split gives the whole batch's metrics
+    bit for bit; the router entropy, a float mean, is taken from `old`'s whole record.
 
     `scored` (B, L) are the positions that count (`predicting_positions`), on the device."""
 
@@ -137,7 +145,9 @@ class RoutingTally:
         self.old, self.scored, self.scored_host = old, scored, scored.cpu()
         self.experts = torch.zeros(layers, old.num_experts, dtype=torch.float64)  # on the host
         self.changed = torch.zeros(layers, dtype=torch.int64, device=scored.device)
+        self.rerouted = torch.zeros((), dtype=torch.int64, device=scored.device)  # any layer
         self.mismatched = torch.zeros_like(self.changed) if rollout else None
+        self.mismatched_tokens = torch.zeros_like(self.rerouted) if rollout else None
 
     def add(self, rows: Tensor, width: int | None, new: Tensor, rollout: Tensor | None) -> None:
         """Count rows `rows` up to `width` (a part; None: every position): `new` and `rollout`
@@ -147,10 +157,14 @@ class RoutingTally:
         self.experts += expert_counts_per_layer(old, scored_host, self.old.num_experts)
         old = old.to(new.device)  # one part's experts on the device
         scored = self.scored[rows.to(self.scored.device), :width]  # (b, width)
-        self.changed += changed_per_layer(old, new, scored)
-        if self.mismatched is not None:
+        per_layer, anywhere = rerouted_counts(old, new, scored)
+        self.changed += per_layer
+        self.rerouted += anywhere
+        if self.mismatched is not None and self.mismatched_tokens is not None:
             assert rollout is not None
-            self.mismatched += changed_per_layer(old, rollout, scored)
+            per_layer, anywhere = rerouted_counts(old, rollout, scored)
+            self.mismatched += per_layer
+            self.mismatched_tokens += anywhere
 
     def metrics(self) -> dict[str, float]:
         """Each metric averaged over layers (`MOE_METRICS`, and `ROLLOUT_METRICS` with a
@@ -159,14 +173,19 @@ class RoutingTally:
         if not bool(self.scored.any()):
             return {name: math.nan for name in names}
         stats = {}
-        if self.mismatched is not None:
+        if self.mismatched is not None and self.mismatched_tokens is not None:
             mismatch = change_fraction(self.mismatched, self.scored)
             stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = float(mismatch.mean())
+            tokens = change_fraction(self.mismatched_tokens, self.scored)
+            stats[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] = float(tokens)
         entropy = masked_mean_per_layer(self.old.entropy, self.scored)  # one layer at a time
+        change = change_fraction(self.changed, self.scored)  # [layers]
         return stats | {
             M.MOE_LOAD_IMBALANCE: float(load_imbalance_of_counts(self.experts).mean()),
             M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
-            M.MOE_ROUTING_CHANGE_FRAC: float(change_fraction(self.changed, self.scored).mean()),
+            M.MOE_ROUTING_CHANGE_FRAC: float(change.mean()),
+            M.MOE_ROUTING_CHANGE_MAX: float(change.max()),
+            M.MOE_TOKEN_REROUTED_FRAC: float(change_fraction(self.rerouted, self.scored)),
         }
 
 

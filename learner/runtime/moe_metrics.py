@@ -61,13 +61,27 @@ def routing_change_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
 def changed_per_layer(old: Tensor, new: Tensor, mask: Tensor) -> Tensor:
     """Masked tokens whose top-k expert set differs between `old` and `new` (layers, B, L, k),
     per layer [layers], int64. One layer at a time, so the sorted copies are a layer's."""
+    return rerouted_counts(old, new, mask)[0]
+
+
+def rerouted_counts(old: Tensor, new: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Masked tokens whose top-k expert set differs between `old` and `new` (layers, B, L, k):
+    per layer [layers], and in at least one layer (0-d), both int64.
+
+    Why both: the GSPO argument is about a token's ratio, which changes when *any* of its layers
+    routes it elsewhere; the R3 paper reports that share (94% of tokens re-routed in at least
+    one layer on Qwen3-30B-A3B against ~10% of routers per layer). Were layers independent, a
+    per-layer share p over n layers would re-route 1 - (1 - p)^n of the tokens, so a deep model
+    turns a small per-layer share into most tokens; the any-layer count measures it instead of
+    assuming it. Counts of disjoint row sets add exactly (`RoutingTally`)."""
     kept = mask.bool()  # (B, L)
-    return torch.stack(
-        [
-            (_set_changed(old_layer, new_layer) & kept).sum()
-            for old_layer, new_layer in zip(old, new, strict=True)
-        ]
-    )
+    anywhere = torch.zeros_like(kept)
+    per_layer = []
+    for old_layer, new_layer in zip(old, new, strict=True):  # one layer's sorted copies at a time
+        changed = _set_changed(old_layer, new_layer) & kept
+        per_layer.append(changed.sum())
+        anywhere |= changed
+    return torch.stack(per_layer), anywhere.sum()
 
 
 def change_fraction(changed: Tensor, mask: Tensor) -> Tensor:

@@ -156,6 +156,8 @@ def test_moe_trial_writes_finite_moe_metrics(tmp_path: Path) -> None:
     table = ds.dataset(parts[0], format="parquet").to_table().to_pydict()
     steps = [i for i, step in enumerate(table[M.STEP]) if step >= 1]  # step 0 is the eval row
     assert len(steps) == 2
-    for name in (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC):
+    logged = (M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC)
+    logged += (M.MOE_ROUTING_CHANGE_MAX, M.MOE_TOKEN_REROUTED_FRAC)
+    for name in logged:
         values = [table[name][i] for i in steps]
         assert all(math.isfinite(v) for v in values), (name, values)

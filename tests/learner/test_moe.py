@@ -21,6 +21,7 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs
 from learner.runtime.models import build_step_models
 from learner.runtime.moe import (
+    MOE_METRICS,
     Routing,
     StepRouting,
     capture_routing,
@@ -33,6 +34,7 @@ from learner.runtime.moe import (
     routing_change_per_layer,
     routing_metrics,
 )
+from learner.runtime.moe_metrics import rerouted_counts
 from learner.runtime.step import train_on_batch
 from learner.runtime.update import MicroBatch, micro_batches
 from tests.learner.test_step import GROUP_SIZE
@@ -154,6 +156,43 @@ def test_routing_change_counts_sets_not_order() -> None:
     assert change.tolist() == [0.5]
 
 
+def test_tokens_rerouted_in_any_layer_hand_worked() -> None:
+    """3 layers x 4 tokens (top-2), token 3 masked out. Layer 0 changes token 0, layer 1 tokens
+    0 and 1, layer 2 token 3 only (masked): per layer 1/3, 2/3, 0 of the scored tokens; in at
+    least one layer tokens 0 and 1, 2/3, not the 1/3 + 2/3 + 0 a sum over layers would say."""
+    same = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    old = torch.tensor([same, same, same]).reshape(3, 1, 4, 2)
+    new = torch.tensor(
+        [
+            [[0, 2], [2, 3], [4, 5], [6, 7]],
+            [[1, 3], [3, 2], [5, 4], [6, 7]],  # token 1 and 2: same sets in another order
+            [[0, 1], [2, 3], [4, 5], [0, 1]],
+        ]
+    ).reshape(3, 1, 4, 2)
+    new[1, 0, 1] = torch.tensor([2, 7])  # token 1 at layer 1: a new expert
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    per_layer, anywhere = rerouted_counts(old, new, mask)
+    assert per_layer.tolist() == [1, 2, 0] and int(anywhere) == 2
+    metrics = routing_metrics(
+        Routing(old, torch.zeros(3, 1, 4), num_experts=8),
+        Routing(new, torch.zeros(3, 1, 4), 8),
+        mask,
+    )
+    assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == pytest.approx(1 / 3)  # mean of 1/3, 2/3, 0
+    assert metrics[M.MOE_ROUTING_CHANGE_MAX] == pytest.approx(2 / 3)
+    assert metrics[M.MOE_TOKEN_REROUTED_FRAC] == pytest.approx(2 / 3)
+    # Against the generator's experts: the same counts under their own names.
+    rollout = routing_metrics(
+        Routing(old, torch.zeros(3, 1, 4), 8),
+        Routing(old, torch.zeros(3, 1, 4), 8),
+        mask,
+        rollout=new,
+    )
+    assert rollout[M.MOE_ROLLOUT_ROUTING_MISMATCH] == pytest.approx(1 / 3)
+    assert rollout[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] == pytest.approx(2 / 3)
+    assert rollout[M.MOE_TOKEN_REROUTED_FRAC] == 0.0  # old vs itself
+
+
 def test_predicting_positions_shift_left_by_one() -> None:
     # Response tokens at 2, 3 are scored by the outputs at positions 1, 2.
     mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 0.0]])
@@ -165,8 +204,9 @@ def test_routing_metrics_of_identical_captures() -> None:
     batch = moe_batch(model)
     routing, _ = capture(model, batch)
     metrics = routing_metrics(routing, routing, batch.response_mask)
-    assert set(metrics) == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC}
-    assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == 0.0
+    assert set(metrics) == set(MOE_METRICS)
+    for name in (M.MOE_ROUTING_CHANGE_FRAC, M.MOE_ROUTING_CHANGE_MAX, M.MOE_TOKEN_REROUTED_FRAC):
+        assert metrics[name] == 0.0
     assert 1.0 <= metrics[M.MOE_LOAD_IMBALANCE] <= EXPERTS / TOP_K
     assert 0.0 < metrics[M.MOE_ROUTER_ENTROPY] <= math.log(EXPERTS)
 
@@ -207,7 +247,7 @@ def test_each_arm_trains_the_moe_policy(moe_dir: Path, arm_name: str) -> None:
         checked = {k: v for k, v in m.items() if k != unmeasured}
         assert all(math.isfinite(v) for v in checked.values()), m
         moe_keys = {k for k in m if k.startswith("moe/")}  # only the registered names
-        assert moe_keys == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY, M.MOE_ROUTING_CHANGE_FRAC}
+        assert moe_keys == set(MOE_METRICS)
     after = list(models.policy.module.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 

@@ -43,15 +43,22 @@ def todays_routing_metrics(
     old: Routing, new: Routing, mask: torch.Tensor, rollout: torch.Tensor | None = None
 ) -> dict[str, float]:
     """`moe.routing_metrics` as it was: float32 masked means and host counts over the whole
-    batch's records (int64 experts)."""
+    batch's records (int64 experts); the largest layer's change and the tokens changed in any
+    layer (added later) the same way."""
     mask = mask.float()
 
-    def change(a: torch.Tensor, b: torch.Tensor) -> float:
-        sets = [
+    def changed_sets(a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:
+        return [
             (x.sort(-1).values != y.sort(-1).values).any(-1).float()
             for x, y in zip(a, b, strict=True)
         ]  # (B, L) each layer
-        return float(torch.stack([masked_mean(s, mask) for s in sets]).mean())
+
+    def change(a: torch.Tensor, b: torch.Tensor, how: str = "mean") -> float:
+        per_layer = torch.stack([masked_mean(s, mask) for s in changed_sets(a, b)])
+        return float(per_layer.max() if how == "max" else per_layer.mean())
+
+    def any_layer(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float(masked_mean(torch.stack(changed_sets(a, b)).amax(0), mask))
 
     chosen = old.indices.long()[:, mask.bool()]  # (layers, n, k)
     flat = chosen.reshape(chosen.shape[0], -1).cpu()
@@ -59,13 +66,17 @@ def todays_routing_metrics(
     counts.scatter_add_(1, flat, torch.ones_like(flat, dtype=torch.float64))
     imbalance = counts.max(dim=1).values / counts.mean(dim=1).clamp_min(1e-12)
     entropy = torch.stack([masked_mean(layer, mask) for layer in old.entropy])
-    stats = (
-        {} if rollout is None else {M.MOE_ROLLOUT_ROUTING_MISMATCH: change(old.indices, rollout)}
-    )
+    stats = {}
+    if rollout is not None:
+        stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = change(old.indices, rollout)
+        stats[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] = any_layer(old.indices, rollout)
+    before, after = old.indices.long(), new.indices.long()
     return stats | {
         M.MOE_LOAD_IMBALANCE: float(imbalance.mean()),
         M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
-        M.MOE_ROUTING_CHANGE_FRAC: change(old.indices.long(), new.indices.long()),
+        M.MOE_ROUTING_CHANGE_FRAC: change(before, after),
+        M.MOE_ROUTING_CHANGE_MAX: change(before, after, "max"),
+        M.MOE_TOKEN_REROUTED_FRAC: any_layer(before, after),
     }
 
 
@@ -143,5 +154,8 @@ def test_streamed_metrics_are_todays_whole_batch_metrics_exactly(name: str, mode
     today = todays_routing_metrics(routing.old, new, scored, routing.rollout)
     assert streamed == today  # bit for bit, every metric
     assert streamed[M.MOE_ROUTING_CHANGE_FRAC] > 0
+    # a token re-routed in any layer is at least as common as in the most-changed layer
+    assert streamed[M.MOE_TOKEN_REROUTED_FRAC] >= streamed[M.MOE_ROUTING_CHANGE_MAX]
+    assert streamed[M.MOE_ROUTING_CHANGE_MAX] >= streamed[M.MOE_ROUTING_CHANGE_FRAC]
     if mode == "rollout":
         assert streamed[M.MOE_ROLLOUT_ROUTING_MISMATCH] > 0

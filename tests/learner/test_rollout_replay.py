@@ -34,6 +34,8 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
 from learner.runtime.moe import (
+    MOE_METRICS,
+    ROLLOUT_METRICS,
     StepRouting,
     capture_routing,
     predicting_positions,
@@ -216,14 +218,14 @@ def test_r3_arm_trains(model_dir: Path, batch: RolloutBatch) -> None:
         models, batch, arm=arm, learner=cfg, group_size=GROUP, max_len=12, version=0
     ).metrics
     assert first[M.MOE_ROLLOUT_ROUTING_MISMATCH] == 0.0  # version 0: the generator's weights
+    assert first[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] == 0.0  # ... in no layer either
     assert first[M.MISMATCH_KL_BEHAVIOR] < 1e-9  # pi_old on the sampler's experts: float noise
     second = train_on_batch(
         models, batch, arm=arm, learner=cfg, group_size=GROUP, max_len=12, version=1
     ).metrics
     for metrics in (first, second):
         moe = {k: v for k, v in metrics.items() if k.startswith("moe/")}
-        assert set(moe) == {M.MOE_LOAD_IMBALANCE, M.MOE_ROUTER_ENTROPY,
-                            M.MOE_ROUTING_CHANGE_FRAC, M.MOE_ROLLOUT_ROUTING_MISMATCH}  # fmt: skip
+        assert set(moe) == {*MOE_METRICS, *ROLLOUT_METRICS}  # the batch carries routing
         assert all(math.isfinite(v) for v in moe.values()), moe
 
 

@@ -37,7 +37,9 @@ STEP_MEANS = {
     "queue_s": mn.STALENESS_QUEUE_S,
     "age_s": mn.STALENESS_AGE_S,
     "routing_change_frac": mn.MOE_ROUTING_CHANGE_FRAC,
+    "token_rerouted_frac": mn.MOE_TOKEN_REROUTED_FRAC,
     "rollout_routing_mismatch": mn.MOE_ROLLOUT_ROUTING_MISMATCH,
+    "rollout_token_rerouted_frac": mn.MOE_ROLLOUT_TOKEN_REROUTED_FRAC,
 }
 
 # The report's tables of this section: statistics in column order, and the statistics whose
@@ -64,7 +66,12 @@ STALENESS_STATS = (
     "bias_reward",
     "bias_length",
 )
-MOE_STATS = ("routing_change_frac", "rollout_routing_mismatch")
+MOE_STATS = (
+    "routing_change_frac",
+    "token_rerouted_frac",
+    "rollout_routing_mismatch",
+    "rollout_token_rerouted_frac",
+)
 
 # (trained mean, dropped mean, per-step bias) of each quantity whose selection bias is reported.
 BIAS_COLUMNS = {

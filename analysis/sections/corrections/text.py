@@ -101,8 +101,10 @@ def correction_blocks(summary: pd.DataFrame, figs: dict[str, Path]) -> list[Bloc
         MOE_STATS,
         "MoE routing",
         "Mean across seeds with CI; n = seeds. routing_change_frac: share of routing decisions "
-        "an update changed; rollout_routing_mismatch: share of positions where the learner's "
-        "router picks other experts than the generator recorded (what R3 routing replay "
+        "(a token at a layer) an update changed; token_rerouted_frac: share of tokens it "
+        "re-routed in at least one layer (what moves a token's ratio); "
+        "rollout_routing_mismatch and rollout_token_rerouted_frac: the same between the "
+        "experts the generator recorded and the learner's own router (what R3 routing replay "
         "removes).",
     )
     return blocks
