@@ -285,6 +285,8 @@ def _generate(
         stats.groups += len(groups)
         buffer.report_generator_stats(generator_id, stats.as_metrics())
     maker.generator.close()
+    if updates is not None:
+        updates.close()
     buffer.report_generator_stats(generator_id, stats.as_metrics())
     print(json.dumps({"generator": generator_id, **stats.as_metrics()}), flush=True)
     return stats

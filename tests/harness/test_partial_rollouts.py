@@ -8,11 +8,13 @@ from the weight store (a real redis-server holds the version registry)."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from buffer.connection import RunKeys
 from buffer.schema import decode_group, encode_group
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
@@ -83,6 +85,38 @@ def test_responses_continue_under_the_newer_version_with_its_logprobs(
     # Without `updates` the same generator (now at v1) samples every token from v1.
     (plain,) = generator.generate(requests)
     assert plain.token_versions is None
+
+
+def test_a_check_costs_no_round_trip_and_a_lost_announcement_is_read_within_reread_s(
+    redis_server,
+) -> None:
+    """Between publishes a check reads only the announcements already on its socket (no GET);
+    a publish is seen through its announcement; a version whose announcement was lost (set in
+    the registry without one) is found when the registry is read again."""
+    client = redis_server.client()
+    versions = VersionRegistry(client, "checks")
+    versions.publish(0, "at-0")
+    updates = PublishedUpdates(versions, sync_every=1, check_tokens=1, reread_s=3600.0)
+    assert updates.newer(0) is None  # the first check subscribes, then reads the registry
+
+    def gets() -> int:
+        return int(client.info("commandstats").get("cmdstat_get", {}).get("calls", 0))
+
+    before = gets()
+    assert all(updates.newer(0) is None for _ in range(200))
+    assert gets() == before  # 200 checks, not one GET
+    versions.publish(1, "at-1")
+    deadline = time.monotonic() + 5
+    while (found := updates.newer(0)) is None and time.monotonic() < deadline:
+        time.sleep(0.001)  # the announcement is on its way
+    assert found == (1, "at-1")
+    keys = RunKeys("checks")
+    client.set(keys.version, 2)  # published, its announcement lost
+    client.hset(keys.version_locations, 2, "at-2")
+    assert updates.newer(1) is None  # not announced, and the registry read is not due
+    updates.reread_s = 0.0
+    assert updates.newer(1) == (2, "at-2")
+    updates.close()
 
 
 def test_a_spanning_group_travels_with_its_versions(redis_server, tmp_path: Path) -> None:
