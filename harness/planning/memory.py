@@ -167,14 +167,19 @@ def fsdp_units(shape: ModelShape) -> tuple[int, int]:
 
 def gathered_units(shape: ModelShape, setup: LearnerSetup, *, backward: bool) -> float:
     """FSDP: the root (`fsdp_units`) and two more units gathered in the compute dtype: two
-    blocks, or the embedding unit and the first block; in backward one unit's unsharded
-    gradient (compute dtype) and its float32 reduce-scatter input as well."""
+    blocks, or the embedding unit and the first block. In backward, the root's unsharded
+    gradient (compute dtype) as well, held from the head's backward, the first, to the end:
+    the root's inputs (token ids) take no gradient, so FSDP2 reduce-scatters it only in its
+    final callback; beside it, the unit in backward's unsharded gradient and its float32
+    reduce-scatter input; at the end, the root's own float32 copy."""
     if setup.parallel != "fsdp":
         return 0.0
     b, block = setup.compute_bytes, shape.largest_block()
     root, embedding = fsdp_units(shape)
     gathered = b * (root + max(2 * block, embedding + block))
-    return gathered + ((b + F32) * max(root, embedding, block) if backward else 0.0)
+    if not backward:
+        return gathered
+    return gathered + max(b * root + (b + F32) * max(embedding, block), (b + F32) * root)
 
 
 # --- logits and routing ----------------------------------------------------------------

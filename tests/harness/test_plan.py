@@ -220,9 +220,10 @@ def test_fsdp_gathers_an_untied_embedding_as_its_own_unit(tmp_path: Path):
     assert fsdp_units(shape) == (1616, 1600)
     setup = LearnerSetup(gpus=2, parallel="fsdp", dtype="bfloat16")
     # bf16: the root and two blocks, 2 * (1616 + 2 * 2752) = 14,240 (at the embedding's
-    # forward, 1600 + one block is less); backward adds a block's gradient in bf16 and float32.
+    # forward, 1600 + one block is less); backward adds the root's gradient in bf16, held to
+    # the end, and a block's gradient in bf16 and float32 beside it.
     assert gathered_units(shape, setup, backward=False) == 14_240
-    assert gathered_units(shape, setup, backward=True) == 14_240 + (2 + 4) * 2752
+    assert gathered_units(shape, setup, backward=True) == 14_240 + 2 * 1616 + (2 + 4) * 2752
     tied = dataclasses.replace(shape, tied_embeddings=True)  # the embedding is the head
     assert fsdp_units(tied) == (1616, 0)
 
