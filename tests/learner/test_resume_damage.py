@@ -283,17 +283,7 @@ def test_a_fallback_past_committed_groups_rewinds_the_run_and_replays(
     (trial / "checkpoints/step-000004/state.pt").unlink()
     client, run = finished.redis.client(), "reference"  # the run that committed them
     keys = RunKeys(run)
-    clear_stop(client, run)  # as the supervisor does when it restarts a trial
-    failures: list[BaseException] = []
-    generator = threading.Thread(
-        target=_regenerate_reissued, args=(client, run, failures), daemon=True
-    )
-    generator.start()
-    outcome = _run(finished, trial, run, range(0), resume=True)
-    generator.join(timeout=10)
-    assert not failures, failures
-    assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
-    _assert_same_as_finished(finished, trial)
+    _resume_regenerating(finished, trial, run)
     assert client.scard(keys.trained) == STEPS * PER_STEP and client.xlen(keys.stream) == 0
     assert client.zcard(keys.ticket_leases) == 0  # every reissued ticket completed by its push
     said = capsys.readouterr().out
@@ -339,7 +329,18 @@ def test_a_learner_killed_right_after_its_rewind_resumes_again(
     assert _files(trial) == before  # killed before any file was truncated
     monkeypatch.undo()
 
-    clear_stop(client, run)
+    _resume_regenerating(finished, trial, run)
+    said = capsys.readouterr().out
+    assert "resuming from checkpoint step-000002" in said and "rewinding" not in said
+    assert client.scard(keys.trained) == STEPS * PER_STEP and client.xlen(keys.stream) == 0
+    assert client.zcard(keys.ticket_leases) == 0
+
+
+def _resume_regenerating(finished: Finished, trial: Path, run: str) -> None:
+    """Resume `trial` on run `run` while the test, as the generators would, pushes the
+    reissued groups again; it must complete bit for bit as the reference run did."""
+    client = finished.redis.client()
+    clear_stop(client, run)  # as the supervisor does when it restarts a trial
     failures: list[BaseException] = []
     generator = threading.Thread(
         target=_regenerate_reissued, args=(client, run, failures), daemon=True
@@ -349,11 +350,7 @@ def test_a_learner_killed_right_after_its_rewind_resumes_again(
     generator.join(timeout=10)
     assert not failures, failures
     assert outcome.status == TrialStatus.COMPLETED and outcome.steps_completed == STEPS
-    said = capsys.readouterr().out
-    assert "resuming from checkpoint step-000002" in said and "rewinding" not in said
     _assert_same_as_finished(finished, trial)
-    assert client.scard(keys.trained) == STEPS * PER_STEP and client.xlen(keys.stream) == 0
-    assert client.zcard(keys.ticket_leases) == 0
 
 
 def _regenerate_reissued(client, run: str, failures: list[BaseException]) -> None:
