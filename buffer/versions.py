@@ -182,17 +182,12 @@ class VersionRegistry:
 
         RunStateLostError if the registry is empty or behind a version this process already saw.
         """
-        raw = self._client.get(self._keys.version)
-        found = None if raw is None else int(raw)
-        self.watch.check(found)
-        if found is None:
-            return None
-        self.watch.saw(found, f"this process already read v{found}")
-        return found, self.location(found)
+        found = self.latest()
+        return None if found is None else (found, self.location(found))
 
     def latest(self) -> int | None:
-        """The latest published version (one GET, no location), None before v0; checked against
-        what this process saw like `current`."""
+        """The latest published version (one GET, no location), None before v0; RunStateLostError
+        as `current`."""
         raw = self._client.get(self._keys.version)
         found = None if raw is None else int(raw)
         self.watch.check(found)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from buffer.config import StalenessConfig
 from learner.config import ArmBase
+from learner.config.arm_staleness import ArmStaleness
 
 
 @dataclass(frozen=True)
@@ -31,13 +32,14 @@ class Regime:
 
 def arm_regime(staleness: StalenessConfig, arm: ArmBase) -> Regime:
     """The arm's regime: its own fields where set, the experiment's elsewhere."""
-    own = arm.staleness
-    lags = own.lags if own is not None and own.lags is not None else tuple(staleness.lags)
-    partial = staleness.partial_rollouts
-    if own is not None and own.partial_rollouts is not None:
-        partial = own.partial_rollouts
-    sync = own.sync_every if own is not None and own.sync_every is not None else None
-    return Regime(lags, partial, sync or staleness.sync_every)
+    own = arm.staleness or ArmStaleness()
+    return Regime(
+        lags=tuple(staleness.lags) if own.lags is None else own.lags,
+        partial_rollouts=(
+            staleness.partial_rollouts if own.partial_rollouts is None else own.partial_rollouts
+        ),
+        sync_every=staleness.sync_every if own.sync_every is None else own.sync_every,
+    )
 
 
 def check_arm_regimes(staleness: StalenessConfig, arms: list[ArmBase]) -> None:
