@@ -30,6 +30,8 @@ SCORE_COLUMNS = [
     "max_kl_old",
     "clip_frac_mean",
     "startup_s",  # trial start to first learner update (analysis.wall_clock), off the curves
+    "rewinds",  # bounded-mode resumes that rewound the trial (learner.runtime.resume)
+    "rewind_lost_groups",  # groups those rewinds cost: trained and lost, or made and withdrawn
 ]
 
 
@@ -185,6 +187,25 @@ def score_trial(
         "max_kl_old": reduce_metric(trial, mn.POLICY_KL_OLD, "max"),
         "clip_frac_mean": reduce_metric(trial, mn.POLICY_CLIP_FRAC, "mean"),
         "startup_s": startup_s(trial, started_s),
+        **rewind_counts(trial),
+    }
+
+
+def rewind_counts(trial: pd.DataFrame) -> dict[str, float]:
+    """How often a trial was rewound (a row with `rewind/withdrawn_versions`: the first step
+    after each rewinding resume) and the groups that cost: lost with their steps plus dropped as
+    made from withdrawn weights (0 and 0 for a trial never rewound, or logged before rewinds)."""
+
+    def column(name: str) -> np.ndarray:
+        if name not in trial.columns:
+            return np.zeros(0)
+        values = trial[name].to_numpy(dtype=float)
+        return values[np.isfinite(values)]
+
+    lost = column(mn.REWIND_LOST_GROUPS).sum() + column(mn.REWIND_WITHDRAWN_GROUPS).sum()
+    return {
+        "rewinds": float(len(column(mn.REWIND_WITHDRAWN_VERSIONS))),
+        "rewind_lost_groups": float(lost),
     }
 
 

@@ -273,6 +273,12 @@ class RunKeys:
         return self._key("version")
 
     @property
+    def rewinds(self) -> str:
+        """List of the versions bounded-mode rewinds went back to, in order (`buffer.timeline`:
+        its length is the run's timeline number)."""
+        return self._key("rewinds")
+
+    @property
     def version_locations(self) -> str:
         """Hash policy version -> weight location."""
         return self._key("versions")

@@ -37,9 +37,16 @@ from buffer.config import BufferConfig
 from buffer.connection import RunKeys
 from buffer.inbox import Delivery, Inbox, settle
 from buffer.outbox import group_digest
-from buffer.rewind import Rewound, rewind_groups
+from buffer.rewind import (
+    BoundedRewind,
+    Rewound,
+    reissue_withdrawn,
+    rewind_bounded,
+    rewind_groups,
+)
 from buffer.telemetry import DROPPED_STALE
 from buffer.tickets import TicketDispenser, draw_batch
+from buffer.timeline import Timeline, read_timeline
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +77,7 @@ class TakeResult:
 
     deliveries: list[Delivery]
     dropped: list[Delivery] = field(default_factory=list)
+    withdrawn: list[Delivery] = field(default_factory=list)  # made from withdrawn weights
 
     @property
     def dropped_stale(self) -> int:
@@ -176,37 +184,58 @@ class RolloutConsumer:
         timeout_s: float,
         *,
         accept: Check | None = None,
+        timeline: Timeline | None = None,
     ) -> TakeResult:
         """Bounded mode: the next `n_groups` groups in arrival order with lag <= max_lag.
 
         Lag = learner_version - policy_version; staler groups are acked, counted in the run's
-        dropped_stale counter and reported in the result. On TimeoutError the groups already
-        read are kept, in order, for the next call.
+        dropped_stale counter and reported in the result. Groups made from weights a rewind
+        withdrew (`timeline`, `buffer.timeline`) are dropped before `accept` sees them, counted
+        as lost_to_rewind and their tickets reissued (`buffer.rewind.reissue_withdrawn`). On
+        TimeoutError the groups already read are kept, in order, for the next call.
         """
         state = self._state(consumer)
         chosen: list[Delivery] = []
         stale: list[Delivery] = []
+        withdrawn: list[Delivery] = []
         deadline = time.monotonic() + timeout_s
+
+        def made_from_withdrawn(delivery: Delivery) -> bool:
+            return timeline is not None and timeline.withdrawn(
+                delivery.group.newest_token_version, delivery.timeline
+            )
+
+        def check(delivery: Delivery) -> str | None:  # a withdrawn group is no refusal
+            if accept is None or made_from_withdrawn(delivery):
+                return None
+            return accept(delivery)
+
         try:
             while len(chosen) < n_groups:
                 if state.ready:
                     delivery = state.ready.popleft()
                     lag = learner_version - delivery.policy_version
-                    (stale if lag > max_lag else chosen).append(delivery)
+                    if made_from_withdrawn(delivery):
+                        withdrawn.append(delivery)
+                    else:
+                        (stale if lag > max_lag else chosen).append(delivery)
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise self._take_timeout(
                         len(chosen), n_groups, max_lag, learner_version, timeout_s
                     )
-                state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining, accept))
+                state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining, check))
         except BaseException:
             state.ready.extendleft(reversed(chosen))  # keep them, in order, for the next call
             raise
         finally:
             if stale:
                 state.inbox.drop(stale, DROPPED_STALE)
-        return TakeResult(chosen, stale)
+            if withdrawn:
+                reissue_withdrawn(self._client, self.run_id, withdrawn)
+                state.inbox.release([d.entry_id for d in withdrawn])
+        return TakeResult(chosen, stale, withdrawn)
 
     def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:
         """Fixed mode, dynamic sampling: ask the run's generators for extra round `round_index`
@@ -263,6 +292,16 @@ class RolloutConsumer:
         again, their tickets reissued, each admitted again only as the copy that was trained
         (`buffer.rewind`)."""
         return rewind_groups(self._client, self.run_id, list(group_ids))
+
+    def rewind_bounded(self, group_ids: Collection[str], to_version: int) -> BoundedRewind:
+        """Groups committed after the checkpoint of step `to_version` a bounded-mode learner
+        resumes from: fresh work again (their samples are lost); the versions after it are
+        withdrawn (`buffer.rewind.rewind_bounded`)."""
+        return rewind_bounded(self._client, self.run_id, to_version, list(group_ids))
+
+    def timeline(self) -> Timeline:
+        """The run's rewinds so far (`buffer.timeline`)."""
+        return read_timeline(self._client, self.run_id)
 
     def reject(self, deliveries: Iterable[Delivery], reason: str, consumer: str) -> None:
         """Dead-letter taken deliveries that must not be trained (e.g. poison for the model)."""

@@ -48,6 +48,7 @@ class Delivery:
     group: RolloutGroup
     batch_index: int
     policy_version: int
+    timeline: int = 0  # the run's timeline number its generator loaded the weights at
 
 
 def settle(
@@ -232,7 +233,11 @@ class Inbox:
                 f"{header_version}) disagrees with its payload ({group.group_id!r}, "
                 f"{group.policy_version})"
             )
-        return Delivery(entry_id, group, batch_index, group.policy_version)
+        try:
+            timeline = int(fields.get(b"timeline", b"0"))
+        except ValueError:
+            raise RecordError(f"entry {entry_id}: timeline is not an integer") from None
+        return Delivery(entry_id, group, batch_index, group.policy_version, timeline)
 
     def _dead_letter(self, entry_id: str, fields: dict[bytes, bytes], reason: str) -> None:
         payload = fields.get(b"data", b"")

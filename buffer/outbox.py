@@ -139,10 +139,16 @@ class Outbox:
         return self.push_many([group], batch_index, [ticket])[0]
 
     def push_many(
-        self, groups: Sequence[RolloutGroup], batch_index: int, tickets: Sequence[int | None]
+        self,
+        groups: Sequence[RolloutGroup],
+        batch_index: int,
+        tickets: Sequence[int | None],
+        timeline: int = 0,
     ) -> list[str]:
         """Push groups of one batch; returns each one's new entry id, or '' when its id was
         pushed before (a duplicate or a conflict, see the module docstring: nothing is added).
+        `timeline`: the run's timeline number the generator loaded their weights at
+        (`buffer.timeline`), an entry field when a rewind made it > 0.
 
         Every group is encoded and checked first (RecordError: nothing is sent). Then rounds of
         the two round trips until each group is settled; groups that find the buffer full or
@@ -156,7 +162,7 @@ class Outbox:
         delay = _BACKOFF_START_S
         waiting = pushes
         while waiting:
-            waiting = self._round(waiting, batch_index)
+            waiting = self._round(waiting, batch_index, timeline)
             if not waiting:
                 break
             remaining = deadline - time.monotonic()
@@ -181,7 +187,7 @@ class Outbox:
         digest = group_digest(group, batch_index)
         return _Push(group, ticket, data, digest, secrets.token_hex(8))
 
-    def _round(self, pushes: list[_Push], batch_index: int) -> list[_Push]:
+    def _round(self, pushes: list[_Push], batch_index: int, timeline: int) -> list[_Push]:
         """Claim (one pipelined round trip), then add what was claimed and dead-letter the
         conflicts (one MULTI); returns the pushes still waiting for room or a claim."""
         k = self._keys
@@ -212,11 +218,15 @@ class Outbox:
             else:
                 waiting.append(p)
         if claimed or conflicts:
-            self._settle(claimed, conflicts, batch_index)
+            self._settle(claimed, conflicts, batch_index, timeline)
         return waiting
 
     def _settle(
-        self, claimed: list[_Push], conflicts: list[tuple[_Push, str]], batch_index: int
+        self,
+        claimed: list[_Push],
+        conflicts: list[tuple[_Push, str]],
+        batch_index: int,
+        timeline: int,
     ) -> None:
         """One MULTI: add the claimed groups (digest replaces claim, reservation dropped, ticket
         completed) and dead-letter the conflicting ones (ticket completed)."""
@@ -228,6 +238,8 @@ class Outbox:
                     "data": p.data, "policy_version": g.policy_version, "batch_index": batch_index,
                     "group_id": g.group_id, "producer": g.generator_id,
                 }  # fmt: skip
+                if timeline:
+                    fields["timeline"] = timeline
                 pipe.xadd(k.stream, fields)
                 pipe.set(k.digest(g.group_id), p.digest)  # no expiry: replaces the claim's
                 pipe.zrem(k.reservations, p.token)

@@ -49,15 +49,17 @@ class RolloutProducer:
         groups: Sequence[RolloutGroup],
         batch_index: int,
         tickets: Sequence[int | None] | None = None,
+        timeline: int = 0,
     ) -> list[str]:
         """`push` of several groups of one batch in two round trips for all of them (a
         generator's round); returns each one's entry id ('' for one pushed before).
 
         Each group completes its own ticket atomically with its entry. Every group is encoded
-        and checked before anything is sent (RecordError: none is written).
+        and checked before anything is sent (RecordError: none is written). `timeline`: the
+        run's timeline number the generator loaded the groups' weights at (`buffer.timeline`).
         """
         tickets = [None] * len(groups) if tickets is None else tickets
-        return self._outbox.push_many(groups, batch_index, tickets)
+        return self._outbox.push_many(groups, batch_index, tickets, timeline)
 
     def report_generator_stats(self, generator_id: str, figures: Mapping[str, float]) -> None:
         """A generator's perf/* figures (see Telemetry.report)."""

@@ -19,6 +19,16 @@ Per group id, in one Lua script (all or nothing):
   take fails on it at once instead of training something else).
 Only ids marked trained are rewound, so it is idempotent: a second rewind of the same ids (a
 learner killed during its resume, or after the generators pushed them again) changes nothing.
+
+Bounded mode (`rewind_bounded`) cannot replay: the steps after the checkpoint are retrained on
+new samples, so the groups trained after it are *lost* (their samples are gone with the commit;
+the learner records them, `learner.runtime.resume`), and their tickets are reissued as fresh work
+(the digest key is deleted, so the new sample of the prompt is admitted as the group). In the
+same script the versions after the checkpoint are withdrawn (`buffer.timeline`): the registry
+moves back, the rewind is appended to the run's timeline and announced. Groups still in the
+stream that were made from withdrawn weights are dropped by the learner as it meets them
+(`reissue_withdrawn`: counted, their tickets reissued). Idempotent too: the version is moved back
+and the timeline lengthened only while the registry is past the checkpoint.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from dataclasses import dataclass
 import redis
 
 from buffer.connection import RunKeys
+from buffer.inbox import Delivery
+from buffer.telemetry import LOST_TO_REWIND
 
 REWIND_OWNER = "rewind"
 """The owner a rewound ticket's lease names (no generator has that name)."""
@@ -98,3 +110,92 @@ def rewind_groups(client: redis.Redis, run_id: str, group_ids: Sequence[str]) ->
     script_keys += [keys.digest(group_id) for group_id in ids]
     unmarked, reopened, marked = (int(n) for n in script(keys=script_keys, args=argv))
     return Rewound(unmarked, reopened, marked)
+
+
+# KEYS: trained, leases, owners, version, locations, rewinds, then one digest key per id.
+# ARGV: owner, to_version, channel, then (id, ticket) pairs.
+# Returns {ids unmarked, tickets reopened, the version withdrawn from (-1: none), timeline}.
+_REWIND_BOUNDED = """
+local unmarked, reopened = 0, 0
+for i = 4, #ARGV, 2 do
+  local group_id, ticket = ARGV[i], ARGV[i + 1]
+  if redis.call('SREM', KEYS[1], group_id) == 1 then
+    unmarked = unmarked + 1
+    redis.call('DEL', KEYS[6 + (i - 2) / 2])
+    if redis.call('ZSCORE', KEYS[2], ticket) == false then
+      redis.call('ZADD', KEYS[2], 0, ticket)
+      redis.call('HSET', KEYS[3], ticket, ARGV[1])
+      reopened = reopened + 1
+    end
+  end
+end
+local to = tonumber(ARGV[2])
+local current = tonumber(redis.call('GET', KEYS[4]) or '-1')
+local withdrawn_from = -1
+if current > to then
+  redis.call('SET', KEYS[4], ARGV[2])
+  for _, v in ipairs(redis.call('HKEYS', KEYS[5])) do
+    if tonumber(v) > to then redis.call('HDEL', KEYS[5], v) end
+  end
+  redis.call('RPUSH', KEYS[6], ARGV[2] .. ':' .. current)
+  redis.call('PUBLISH', ARGV[3], ARGV[2])
+  withdrawn_from = current
+end
+return {unmarked, reopened, withdrawn_from, redis.call('LLEN', KEYS[6])}
+"""
+
+
+@dataclass(frozen=True)
+class BoundedRewind:
+    """What `rewind_bounded` changed: groups unmarked as trained and tickets reopened, the
+    version the registry was withdrawn from (None: it was not past the checkpoint) and the
+    run's timeline number after the script."""
+
+    unmarked: int
+    reopened: int
+    withdrawn_from: int | None
+    timeline: int
+
+
+def rewind_bounded(
+    client: redis.Redis, run_id: str, to_version: int, group_ids: Sequence[str]
+) -> BoundedRewind:
+    """Bounded mode's rewind to the checkpoint of step `to_version` (module docstring): the
+    groups `group_ids` committed after it become fresh work, and the versions after it are
+    withdrawn, in one script."""
+    keys = RunKeys(run_id)
+    ids = list(dict.fromkeys(group_ids))
+    argv: list[str] = [REWIND_OWNER, str(to_version), keys.version_channel]
+    for group_id in ids:
+        argv += [group_id, str(ticket_of(group_id))]
+    script_keys = [
+        keys.trained, keys.ticket_leases, keys.ticket_owners,
+        keys.version, keys.version_locations, keys.rewinds,
+    ]  # fmt: skip
+    script_keys += [keys.digest(group_id) for group_id in ids]
+    answer = client.register_script(_REWIND_BOUNDED)(keys=script_keys, args=argv)
+    unmarked, reopened, withdrawn_from, timeline = (int(n) for n in answer)
+    return BoundedRewind(
+        unmarked, reopened, None if withdrawn_from < 0 else withdrawn_from, timeline
+    )
+
+
+def reissue_withdrawn(client: redis.Redis, run_id: str, deliveries: Sequence[Delivery]) -> None:
+    """Drop groups made from withdrawn weights (`buffer.timeline`) and make their prompts work
+    again, in one MULTI: each entry is acked and deleted and counted as lost_to_rewind, its
+    digest key deleted (the new sample of the prompt is the group from now on) and its ticket
+    put back as an expired lease owned by `rewind` (claimed before any new ticket)."""
+    if not deliveries:
+        return
+    keys = RunKeys(run_id)
+    pipe = client.pipeline(transaction=True)
+    entry_ids = [d.entry_id for d in deliveries]
+    pipe.xack(keys.stream, keys.consumer_group, *entry_ids)
+    pipe.xdel(keys.stream, *entry_ids)
+    pipe.hincrby(keys.counters, LOST_TO_REWIND, len(entry_ids))
+    for delivery in deliveries:
+        ticket = str(ticket_of(delivery.group.group_id))
+        pipe.delete(keys.digest(delivery.group.group_id))
+        pipe.zadd(keys.ticket_leases, {ticket: 0}, nx=True)
+        pipe.hsetnx(keys.ticket_owners, ticket, REWIND_OWNER)
+    pipe.execute()

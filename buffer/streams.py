@@ -70,6 +70,9 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
+    from buffer.rewind import BoundedRewind
+    from buffer.timeline import Timeline
+
 __all__ = [
     "BufferConnectionError",
     "BufferFullError",
@@ -128,6 +131,7 @@ class RolloutSink(Protocol):
         groups: Sequence[RolloutGroup],
         batch_index: int,
         tickets: Sequence[int | None] | None = None,
+        timeline: int = 0,
     ) -> list[str]: ...
 
 
@@ -157,8 +161,10 @@ class RolloutSource(Protocol):
         timeout_s: float,
         *,
         accept: Check | None = None,
+        timeline: Timeline | None = None,
     ) -> TakeResult:
-        """Bounded staleness: the next groups in arrival order with lag <= max_lag."""
+        """Bounded staleness: the next groups in arrival order with lag <= max_lag (groups made
+        from weights `timeline` says were withdrawn: dropped, their tickets reissued)."""
         ...
 
     def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:
@@ -192,6 +198,15 @@ class RolloutSource(Protocol):
         the copy that was trained (`buffer.rewind`: a fixed-mode resume replays them)."""
         ...
 
+    def rewind_bounded(self, group_ids: Collection[str], to_version: int) -> BoundedRewind:
+        """Bounded mode: groups committed after the checkpoint of step `to_version` become
+        fresh work and the versions after it are withdrawn (`buffer.rewind.rewind_bounded`)."""
+        ...
+
+    def timeline(self) -> Timeline:
+        """The run's rewinds so far (`buffer.timeline`)."""
+        ...
+
 
 class WeightWriter(Protocol):
     """Where the learner writes each policy version's weights (WeightStore)."""
@@ -220,6 +235,10 @@ class VersionPublisher(Protocol):
     def publish(self, version: int, location: str) -> None: ...
 
     def current(self) -> tuple[int, str] | None: ...
+
+    def rewound(self, version: int, timeline: int) -> None:
+        """This learner rewound the registry to `version` (`buffer.rewind.rewind_bounded`)."""
+        ...
 
 
 class TelemetryReader(Protocol):

@@ -18,6 +18,7 @@ from contract import metrics as m
 # Fields of the run's counters hash (RunKeys.counters).
 DEAD_LETTER = "dead_letter"
 DROPPED_STALE = "dropped_stale"
+LOST_TO_REWIND = "lost_to_rewind"  # groups made from weights a bounded-mode rewind withdrew
 DUPLICATE = "duplicate"  # a group id pushed again with the same contents, or already trained
 # A group id pushed again with other contents: dead-lettered (also counted in dead_letter).
 CONFLICTING_DUPLICATE = "conflicting_duplicate"

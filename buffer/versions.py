@@ -6,8 +6,10 @@ Waiting uses pub/sub for a prompt wake-up plus polling as a fallback, so a notic
 reconnect (pub/sub is fire-and-forget) can delay a waiter by one poll interval but never hang it.
 
 The registry also witnesses that Redis still holds the run: v0 is published before anything else
-of the run is used and the version never moves back, so a registry found empty or behind a version
-this process already saw means Redis lost the run's state (RunStateWatch).
+of the run is used and the version moves back only by a bounded-mode rewind, which lengthens the
+run's timeline (`buffer.timeline`) in the same script; so a registry found empty, or behind a
+version this process already saw with no rewind since, means Redis lost the run's state
+(RunStateWatch).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import redis
 from redis.connection import AbstractConnection
 
 from buffer.connection import RunKeys, RunStateLostError, lost_state_message
+from buffer.timeline import Timeline, read_timeline
 
 # KEYS: version, locations. ARGV: version, location, channel, known (-1: none).
 # Refuses to move the version back, and to publish into a registry behind what the publisher
@@ -55,6 +58,7 @@ class RunStateWatch:
     def __init__(self, run_id: str):
         self._keys = RunKeys(run_id)
         self.known: int | None = None
+        self.known_timeline = 0  # the run's timeline number when `known` was seen
         self._how = ""  # how `known` became known, for the error message
 
     def saw(self, version: int, how: str) -> None:
@@ -62,8 +66,19 @@ class RunStateWatch:
         if self.known is None or version > self.known:
             self.known, self._how = version, how
 
-    def check(self, found: int | None) -> None:
-        """RunStateLostError if the registry's version `found` (None: empty) is behind `known`."""
+    def rewound(self, version: int, timeline: int, how: str) -> None:
+        """A rewind (timeline number `timeline`) moved the registry back to `version`: what this
+        process saw before it is no evidence of a lost state any more."""
+        if timeline > self.known_timeline:
+            self.known, self.known_timeline, self._how = version, timeline, how
+
+    def check(self, found: int | None, timeline: int | None = None) -> None:
+        """RunStateLostError if the registry's version `found` (None: empty) is behind `known`,
+        unless the run's timeline number `timeline` says a rewind happened since (then the
+        rewound version is what is known from now on)."""
+        if found is not None and timeline is not None and timeline > self.known_timeline:
+            self.rewound(found, timeline, f"this process already read v{found} after a rewind")
+            return
         if self.known is None or (found is not None and found >= self.known):
             return
         registry = "empty" if found is None else f"at v{found}"
@@ -78,8 +93,9 @@ class RunStateWatch:
         if self.known is None:
             return  # nothing known yet: an empty Redis is a run that has not started
         connection.send_command("GET", self._keys.version)
-        raw = connection.read_response()
-        self.check(None if raw is None else int(raw))
+        connection.send_command("LLEN", self._keys.rewinds)
+        raw, timeline = connection.read_response(), connection.read_response()
+        self.check(None if raw is None else int(raw), int(timeline))
 
 
 class InitialWeightsMismatchError(RuntimeError):
@@ -107,8 +123,7 @@ class VersionRegistry:
         """Fail at once (RunStateLostError) unless Redis holds `version` or later, e.g. a learner
         resuming from the checkpoint of step k, which was saved after publishing vk."""
         self.watch.saw(version, how)
-        raw = self._client.get(self._keys.version)
-        self.watch.check(None if raw is None else int(raw))
+        self._read_version()
 
     def publish(self, version: int, location: str) -> None:
         """Atomically make `version` current with its location, then announce it.
@@ -188,12 +203,30 @@ class VersionRegistry:
     def latest(self) -> int | None:
         """The latest published version (one GET, no location), None before v0; RunStateLostError
         as `current`."""
-        raw = self._client.get(self._keys.version)
-        found = None if raw is None else int(raw)
-        self.watch.check(found)
+        found = self._read_version()
         if found is not None:
             self.watch.saw(found, f"this process already read v{found}")
         return found
+
+    def _read_version(self) -> int | None:
+        """The registry's version, checked against the watch with the run's timeline number
+        (read in the same round trip: a rewind moves both in one script)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.get(self._keys.version)
+        pipe.llen(self._keys.rewinds)
+        raw, timeline = pipe.execute()
+        found = None if raw is None else int(raw)
+        self.watch.check(found, int(timeline))
+        return found
+
+    def timeline(self) -> Timeline:
+        """The run's rewinds so far (`buffer.timeline`; one LRANGE)."""
+        return read_timeline(self._client, self._keys.run_id)
+
+    def rewound(self, version: int, timeline: int) -> None:
+        """This process rewound the registry to `version` (timeline number `timeline`): it may
+        publish the versions after it again (`buffer.rewind.rewind_bounded`)."""
+        self.watch.rewound(version, timeline, f"this process rewound the registry to v{version}")
 
     def announcements(self) -> VersionAnnouncements:
         """A subscription to this run's version announcements (`VersionAnnouncements`)."""

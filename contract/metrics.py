@@ -112,6 +112,16 @@ BUFFER_DEPTH: Final = "buffer/depth"
 BUFFER_DROPPED_STALE: Final = "buffer/dropped_stale"
 BUFFER_DEAD_LETTER: Final = "buffer/dead_letter"
 
+# Bounded-mode rewinds (learner.runtime.resume, buffer.timeline). On the first step after a resume
+# that rewound: lost_groups, the groups trained after its checkpoint and lost with the steps that
+# trained them (their ids in trained_groups/lost-NNN.json; their prompts are made again), and
+# withdrawn_versions, how many published versions after the checkpoint it withdrew. On any step:
+# withdrawn_groups, groups the take dropped because they were made from withdrawn weights (their
+# prompts are made again). NaN where nothing was rewound.
+REWIND_LOST_GROUPS: Final = "rewind/lost_groups"
+REWIND_WITHDRAWN_VERSIONS: Final = "rewind/withdrawn_versions"
+REWIND_WITHDRAWN_GROUPS: Final = "rewind/withdrawn_groups"
+
 MISMATCH_KL_BEHAVIOR: Final = "mismatch/kl_behavior"
 
 PERF_GEN_TOKENS_PER_S: Final = "perf/gen_tokens_per_s"
@@ -238,6 +248,9 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         STALENESS_QUEUE_S: "mean",
         STALENESS_AGE_S: "mean",
         STALENESS_DROPPED: "sum",
+        REWIND_LOST_GROUPS: "sum",
+        REWIND_WITHDRAWN_VERSIONS: "sum",
+        REWIND_WITHDRAWN_GROUPS: "sum",
         STALENESS_DROPPED_REWARD_MEAN: "mean",
         STALENESS_DROPPED_LENGTH_MEAN: "mean",
         STALENESS_BIAS_REWARD: "mean",

@@ -36,6 +36,15 @@ def trial_rows(scores: pd.DataFrame) -> list[dict]:
             row("trials", "diverged", int(cell["diverged"].sum()), n=len(cell), **keys),
             row("trials", "seeds", cell["seed"].nunique(), n=len(cell), **keys),
         ]
+        if "rewinds" in scores.columns and scores["rewinds"].gt(0).any():  # only if any was
+            rewound = cell["rewinds"].gt(0)
+            rows += [
+                row("trials", "rewound", int(rewound.sum()), n=len(cell), **keys),
+                row(
+                    "trials", "groups lost to rewinds", int(cell["rewind_lost_groups"].sum()),
+                    n=len(cell), **keys,
+                ),
+            ]  # fmt: skip
     return rows
 
 
@@ -93,6 +102,27 @@ def problem_items(problems: pd.DataFrame) -> list[str]:
     return items
 
 
+REWOUND_TEXT = (
+    "rewound: trials a bounded-mode resume rewound to an older checkpoint (the newest one or a "
+    "step file it vouched for was damaged, or the learner was killed between checkpoints): "
+    "versions published after it were withdrawn and training continued from it; groups lost "
+    "to rewinds: groups trained after that checkpoint (lost with their steps) plus groups made "
+    "from withdrawn weights (dropped); every prompt was made again (`rewind/*` metrics)."
+)
+
+
+def rewound_items(scores: pd.DataFrame) -> list[str]:
+    """One line per rewound trial: how often, and what it cost."""
+    if "rewinds" not in scores.columns:
+        return []
+    return [
+        f"{t.trial_name}: rewound {int(t.rewinds)} time(s), {int(t.rewind_lost_groups)} "
+        "group(s) lost"
+        for t in scores.itertuples(index=False)
+        if t.rewinds > 0
+    ]
+
+
 def policy_line(scores: pd.DataFrame) -> str:
     """Which staleness policy the trials ran (mode and lag, and the weight-sync interval), with
     how many trials ran each: the report states the regime of every number below."""
@@ -106,11 +136,13 @@ def policy_line(scores: pd.DataFrame) -> str:
 def blocks(page: Page) -> list[Block]:
     policy = policy_line(page.scores)
     startup = page.summary["statistic"].eq("startup_s") & page.summary["section"].eq("trials")
+    rewound = rewound_items(page.scores)
     return [
         Block("h2", "Trials"),
         *([Block("p", policy)] if policy else []),
         *([Block("p", STARTUP_TEXT)] if startup.any() else []),
         Block("table", table=wide_table(page.summary, "trials")),
+        *([Block("p", REWOUND_TEXT), Block("list", items=rewound)] if rewound else []),
         Block("h3", "Diverged, incomplete or missing trials"),
         Block("list", items=problem_items(page.problems)),
     ]

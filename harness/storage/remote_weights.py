@@ -106,6 +106,20 @@ class WeightFetcher:
         self._prune(keep_also=version)
         return str(target)
 
+    def forget_after(self, version: int) -> list[int]:
+        """Drop the local copies of versions after `version`: a bounded-mode rewind withdrew
+        them (`buffer.timeline`), and the learner publishes other weights under those numbers,
+        which `fetch` must download again instead of serving the withdrawn copy. Returns the
+        versions dropped."""
+        dropped = sorted(
+            int(m.group(1))
+            for entry in self.local_root.iterdir()
+            if (m := _VERSION.match(entry.name)) and entry.is_dir() and int(m.group(1)) > version
+        )
+        for withdrawn in dropped:
+            shutil.rmtree(self.local_root / version_dirname(withdrawn), ignore_errors=True)
+        return dropped
+
     def _prune(self, keep_also: int) -> None:
         """Keep the newest `keep` fetched versions (and the one just fetched): loaded weights
         live in the engine, the files are only needed again by a restart."""

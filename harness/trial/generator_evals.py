@@ -39,9 +39,12 @@ FAULT_CRASH_EVAL_FILE_ENV = "HARNESS_FAULT_GENERATOR_CRASH_EVAL_FILE"
 
 @dataclass
 class Loaded:
-    """The version the rollout engine holds (an eval on the engine changes it)."""
+    """The version the rollout engine holds (an eval on the engine changes it), and the run's
+    timeline number read before it was loaded (`buffer.timeline`: what its groups are tagged
+    with; a lower bound is safe, it can only make the learner drop a group it could train)."""
 
     version: int
+    timeline: int = 0
 
 
 class GeneratorEvals:

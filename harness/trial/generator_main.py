@@ -91,13 +91,15 @@ def push_round(
     batch_index: int,
     tickets: list[int],
     limit: int,
+    timeline: int = 0,
 ) -> None:
     """Push a round's groups together (buffer.push_many: two round trips for all of them), each
-    completing its ticket. A group over `limit` (the buffer's max_message_bytes) is a
+    completing its ticket, tagged with the run's `timeline` number their weights were loaded at
+    (`buffer.timeline`). A group over `limit` (the buffer's max_message_bytes) is a
     GeneratorFatalError naming the size it needs (the same seeds would make the same group after
     a restart); nothing of the round is sent then."""
     try:
-        buffer.push_many(groups, batch_index=batch_index, tickets=tickets)
+        buffer.push_many(groups, batch_index=batch_index, tickets=tickets, timeline=timeline)
     except RecordError:
         sizes = {g.group_id: len(encode_group(g)) for g in groups}
         group = max(groups, key=lambda g: sizes[g.group_id])
@@ -223,10 +225,24 @@ def _generate(
         else None
     )
     carry: list[int] = []  # a claimed ticket of the next batch, generated on the next round
+    seen_rewinds = 0  # the run's timeline number at the last round
     checked = False
     buffer.report_generator_stats(generator_id, stats.as_metrics())  # registered: ready
 
     while not (stop.caught or buffer.stop_requested()):
+        # Read before the registry: every weight this round loads is then of this timeline
+        # or a later one, so the number tagged on its groups is never too new.
+        timeline = versions.timeline()
+        if timeline.number > seen_rewinds:  # rewinds since the last round: forget what they
+            back_to = min(timeline.rewinds[seen_rewinds:])  # withdrew (`buffer.timeline`)
+            if fetcher is not None:
+                fetcher.forget_after(back_to)
+            if updates is not None:
+                updates.rewound()
+            seen_rewinds = timeline.number
+        if timeline.withdrawn(loaded.version, loaded.timeline):
+            loaded.version = -1  # a rewind withdrew these weights: load the version again
+        loaded.timeline = timeline.number
         current = versions.current()
         if current is None:  # the learner has not published v0 yet: nothing is admissible
             idle_from = time.monotonic()
@@ -281,7 +297,14 @@ def _generate(
             stats.sync_s += updates.switch_s - switch_s
             loaded.version = maker.generator.version
         draw = ticket_draw(claimed[0], per_step)  # the batch itself for round 0
-        push_round(buffer, groups, batch_index=draw, tickets=claimed, limit=message_limit)
+        push_round(
+            buffer,
+            groups,
+            batch_index=draw,
+            tickets=claimed,
+            limit=message_limit,
+            timeline=loaded.timeline,
+        )
         stats.groups += len(groups)
         buffer.report_generator_stats(generator_id, stats.as_metrics())
     maker.generator.close()

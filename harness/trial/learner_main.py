@@ -40,6 +40,7 @@ from harness.trial.disk_space import disk_full_as_one_line
 from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
+from learner.runtime.records import StepRecords
 from learner.runtime.task import TextDecoder
 
 if TYPE_CHECKING:
@@ -125,7 +126,12 @@ def require_checkpoint_version(versions: VersionRegistry, paths: TrialPaths) -> 
     # still need come back from the weight store (a version gone from both fails that generator
     # in one line instead).
     versions.restore_locations({v: store.path(v) for v in store.versions()})
-    step = CheckpointStore(paths.checkpoints).latest_step()
+    # The checkpoint the learner will resume from: the newest one that is intact with its step
+    # files. A damaged newer one proves nothing about the registry (a bounded-mode resume that
+    # fell back past it rewound the registry to before it: republishing its version would
+    # hand the generators withdrawn weights).
+    checkpoints = CheckpointStore(paths.checkpoints, records=StepRecords(paths.root).vouched)
+    step = checkpoints.newest_usable(paths.root) if checkpoints.has_checkpoints() else None
     if step is None:
         return
     current = versions.current()

@@ -57,7 +57,11 @@ class PublishedUpdates:
         want = synced_version(newest, self.sync_every)
         if want <= loaded:
             return None
-        location = self.versions.location(want)
+        try:
+            location = self.versions.location(want)
+        except KeyError:  # withdrawn by a rewind (`buffer.timeline`) since it was announced
+            self.rewound()
+            return None
         if self.fetcher is not None:  # the announced path is on the learner's node
             location = self.fetcher.fetch(want)
         return want, location
@@ -77,6 +81,11 @@ class PublishedUpdates:
             if read is not None:
                 self._newest = max(read, self._newest if self._newest is not None else -1)
         return self._newest
+
+    def rewound(self) -> None:
+        """A rewind moved the registry back: forget the newest version known (it may be a
+        withdrawn one) and read the registry itself at the next check."""
+        self._newest, self._read_at = None, -math.inf
 
     def close(self) -> None:
         """End the subscription (a warm generator process outlives its trials)."""

@@ -96,6 +96,9 @@ class TrainingState:
     # Fixed mode: group id -> why its slot can never be filled (learner.runtime.intake); a
     # resumed learner fails with that line at once instead of waiting for the group.
     refused_slots: dict[str, str] = field(default_factory=dict)
+    # Bounded mode: the run's timeline number (`buffer.timeline`) when this state was saved; a
+    # resume counts the groups lost to rewinds after it (`learner.runtime.resume`).
+    timeline: int = 0
 
 
 def capture_rng() -> dict[str, Any]:

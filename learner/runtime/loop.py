@@ -79,11 +79,17 @@ def run_learner(
     configure_determinism(task.seed, cfg.threads)
     models = build_step_models(task.model_dir, task.arm, cfg, total_steps)
     train_models = wrap_ddp(models, dist)  # checkpoints and weight store use `models`
-    state, published, records, commits = start_or_resume(
-        task, models, ports, resume=resume, dist=dist
-    )
+    start = start_or_resume(task, models, ports, resume=resume, dist=dist)
+    state, published, records, commits = start.state, start.published, start.records, start.commits
     config = models.policy.module.config
-    taker = BatchTaker(ports.buffer, task, model_limits(config), trained=state.trained_group_ids)
+    taker = BatchTaker(
+        ports.buffer,
+        task,
+        model_limits(config),
+        trained=state.trained_group_ids,
+        timeline=start.timeline,
+    )
+    rewind_metrics = start.rewind.metrics() if start.rewind is not None else {}
     metrics: dict[str, float] = {}
     if task.mode == "fixed" and state.refused_slots:  # the checkpoint recorded one: fail at once
         return _refused(state, metrics)
@@ -141,6 +147,10 @@ def run_learner(
             metrics |= grad_spikes(state, metrics[M.OPTIM_GRAD_NORM], cfg.grad_spike_factor)
             metrics |= ports.telemetry.buffer_metrics() | ports.telemetry.generator_metrics()
             metrics |= perf_metrics(t_wait, t_train, t_publish, t_published, checkpoint_s)
+            metrics |= rewind_metrics  # the first step after a rewinding resume
+            rewind_metrics = {}
+            if taken.withdrawn:
+                metrics[M.REWIND_WITHDRAWN_GROUPS] = float(len(taken.withdrawn))
             rows = ledger_rows(taken, step)
             trained = [d.group for d in taken.trained]
             logged = rollouts_to_log(cfg.rollout_log, state.step, total_steps, trained, task.decode)

@@ -98,6 +98,21 @@ class GroupLedger:
             if existing > step:
                 self.path(existing).unlink()
 
+    def record_lost(self, timeline: int, rows: list[dict[str, object]]) -> None:
+        """Groups trained after the checkpoint a bounded-mode rewind went back to, lost with
+        the steps that trained them (`learner.runtime.resume`): `lost-NNN.json`, NNN the
+        timeline number the rewind made. Kept for good (no resume truncates it), so the trail
+        says which ids were trained in steps that no longer exist; `read` leaves them out."""
+        write_atomic(self.root / f"lost-{timeline:03d}.json", json.dumps(rows).encode())
+
+    def lost(self, after_timeline: int = 0) -> list[dict[str, object]]:
+        """Rows of the rewinds with a timeline number > `after_timeline`, in order."""
+        rows: list[dict[str, object]] = []
+        for path in sorted(self.root.glob("lost-*.json")):
+            if int(path.stem.split("-")[1]) > after_timeline:
+                rows += json.loads(path.read_text())
+        return rows
+
     def read(self) -> list[dict[str, object]]:
         rows: list[dict[str, object]] = []
         for path in sorted(self.root.glob("step-*.json")):

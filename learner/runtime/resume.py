@@ -14,21 +14,29 @@ drops the step records newer than it. In fixed mode it loads the newest checkpoi
 intact *and* whose step files are, and rewinds Redis to it (`settle_resumed_commits`): a damaged
 checkpoint or step file costs the steps since the checkpoint before it, replayed bitwise (a
 republished version is compared with its stored copy, `PublishedWeights._check_replay`).
+Bounded mode falls back the same way, but cannot replay: the resume rewinds the run to the
+checkpoint (`bounded_rewind`): the versions after it are withdrawn (`buffer.timeline`: groups
+made from them are dropped and counted as they are met, their prompts made again), the groups
+committed after it are lost with the steps that trained them (recorded in the ledger's
+`lost-NNN.json` and counted in the first step's `rewind/lost_groups`) and their prompts become
+fresh work; training continues from the checkpoint.
 A learner with no checkpoint starts from the initial weights: it publishes v0 and logs step 0's
 evals (run by a generator, as every eval).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from functools import partial
 from typing import NamedTuple
 
-from buffer.streams import Delivery, RolloutSource
+from buffer.streams import Delivery, RolloutSource, VersionPublisher
+from buffer.timeline import Timeline
 from contract import metrics as M
 from contract.layout import TrialPaths
-from learner.runtime.checkpoint import CheckpointStore, ResumeError, TrainingState
+from learner.runtime.checkpoint import CheckpointStore, TrainingState
 from learner.runtime.distributed import DistContext
 from learner.runtime.models import checkpoint_modules
 from learner.runtime.published import PublishedWeights, versions_to_keep
@@ -69,12 +77,31 @@ class Commits:
 
 
 class Start(NamedTuple):
-    """Where the loop starts: the state to continue from and what each step goes through."""
+    """Where the loop starts: the state to continue from and what each step goes through;
+    bounded mode's rank 0 also gets the run's timeline (what its takes drop as withdrawn) and
+    the rewind this resume made, for the first step's metrics."""
 
     state: TrainingState
     published: PublishedWeights
     records: StepRecords
     commits: Commits
+    timeline: Timeline | None = None
+    rewind: RewindReport | None = None
+
+
+class RewindReport(NamedTuple):
+    """What a bounded-mode resume rewound: groups trained after the checkpoint and lost with
+    their steps (since the checkpoint's timeline: a resume killed before its next checkpoint
+    counts them again, its metric rows being gone), and versions withdrawn now."""
+
+    lost_groups: int
+    withdrawn_versions: int
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            M.REWIND_LOST_GROUPS: float(self.lost_groups),
+            M.REWIND_WITHDRAWN_VERSIONS: float(self.withdrawn_versions),
+        }
 
 
 def start_or_resume(
@@ -111,9 +138,10 @@ def start_or_resume(
     # the run's Redis to it; bounded mode resumes from the newest intact checkpoint or not at all.
     chosen: int | None = None  # the checkpoint to load; None: the newest intact one
     use_checkpoint = resume and checkpoints.has_checkpoints()
-    if use_checkpoint and fixed:
+    if use_checkpoint:
         chosen = checkpoints.newest_usable(task.trial_dir, say=say)
         use_checkpoint = chosen is not None
+    timeline, rewind = None, None
     if use_checkpoint:
         # The chosen checkpoint (latest.json is a hint); nothing is deleted until it is loaded,
         # the step files it vouches for are checked and Redis is squared with it.
@@ -122,53 +150,127 @@ def start_or_resume(
         if dist.is_main:
             checkpoints.verify_records(state.step, task.trial_dir)
             start = f"checkpoint step-{state.step:06d}"
-            settle_resumed_commits(buffer, state, start, rewind=fixed)
+            if fixed:
+                settle_resumed_commits(buffer, state, start)
+            else:
+                timeline, rewind = bounded_rewind(buffer, ports.versions, records, state, start)
             records.truncate_after(state.step)
     elif dist.is_main:
-        # No checkpoint usable (never completed, or in fixed mode none intact with its files):
-        # start from the initial weights. A resumed learner killed before its first checkpoint
-        # may already have published v0 and later versions; it redoes those steps like any
-        # resume (publish_unless_done), its uncommitted groups are still pending. (Sharded: the
-        # other ranks gathered v0 with rank 0, `PublishedWeights`.)
-        if resume:
-            settle_resumed_commits(buffer, state, "the initial weights", rewind=fixed)
+        # No checkpoint usable (never completed, or none intact with its files): start from
+        # the initial weights. A resumed learner killed before its first checkpoint may already
+        # have published v0 and later versions; fixed mode redoes those steps like any resume
+        # (publish_unless_done), bounded mode withdraws them; uncommitted groups are still
+        # pending. (Sharded: the other ranks gathered v0 with rank 0, `PublishedWeights`.)
+        if resume and fixed:
+            settle_resumed_commits(buffer, state, "the initial weights")
+        elif resume:
+            start = "the initial weights"
+            timeline, rewind = bounded_rewind(buffer, ports.versions, records, state, start)
         records.truncate_after(-1)
         published.publish_initial(resume=resume)
         report, _seconds = ports.evals.wait(ports.evals.request(0))  # a generator runs them
         pass_rate = records.eval_pass_rate(0, report)
         records.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
-    return Start(state, published, records, Commits(checkpoints, modules, buffer, dist))
+    if timeline is None and dist.is_main and not fixed:
+        timeline = buffer.timeline()  # a fresh run's: empty, unless Redis kept an old run's
+    commits = Commits(checkpoints, modules, buffer, dist)
+    return Start(state, published, records, commits, timeline, rewind)
 
 
-def settle_resumed_commits(
-    buffer: RolloutSource, state: TrainingState, start: str, *, rewind: bool = False
-) -> None:
-    """Square the run's Redis with what the loaded checkpoint says was trained, before a resume
-    deletes anything (`start` names where the learner resumes from).
+def bounded_rewind(
+    buffer: RolloutSource,
+    versions: VersionPublisher,
+    records: StepRecords,
+    state: TrainingState,
+    start: str,
+) -> tuple[Timeline, RewindReport | None]:
+    """Bounded mode's resume from `state` (`start` names it), before any step file is deleted:
+    the groups Redis committed after it are lost with their steps, recorded first (the
+    ledger's `lost-NNN.json`, rows from the ledger files about to be truncated where they are
+    readable), then one script makes their prompts fresh work and withdraws the versions after
+    it (`buffer.rewind.rewind_bounded`); one line says what was rewound. A kill anywhere in
+    between resumes the same way: the file is rewritten with the same rows, the script is
+    idempotent. Returns the run's timeline and, when this resume or one before it since the
+    checkpoint rewound, the counts for the first step's metrics (None otherwise)."""
+    before = buffer.timeline()
+    beyond = buffer.committed_beyond(set(state.trained_group_ids))
+    if beyond:
+        records.ledger.record_lost(before.number + 1, lost_rows(records, beyond, state.step))
+    rewound = buffer.rewind_bounded(beyond, to_version=state.step)
+    versions.rewound(state.step, rewound.timeline)
+    withdrawn = 0 if rewound.withdrawn_from is None else rewound.withdrawn_from - state.step
+    if beyond or withdrawn:
+        print(f"rewinding to {start} (bounded mode, which cannot replay): " + _rewound(
+            state.step, withdrawn, beyond
+        ), flush=True)  # fmt: skip
+    buffer.recommit(state.trained_group_ids)
+    timeline = buffer.timeline()
+    report = None
+    if timeline.number > state.timeline:  # this resume rewound, or one since the checkpoint
+        lost = len(records.ledger.lost(after_timeline=state.timeline))
+        report = RewindReport(lost, timeline.versions_withdrawn(since=state.timeline))
+    state.timeline = timeline.number
+    return timeline, report
+
+
+def _rewound(step: int, withdrawn: int, beyond: list[str]) -> str:
+    """The rewind line's account of what was withdrawn and lost."""
+    parts = []
+    if withdrawn:
+        span = f"v{step + 1}" if withdrawn == 1 else f"v{step + 1}-v{step + withdrawn}"
+        parts.append(
+            f"{span} withdrawn (groups made from them are dropped, counted in "
+            "rewind/withdrawn_groups, and their prompts made again)"
+        )
+    if beyond:
+        batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
+        span = f" (batches {batches[0]}-{batches[-1]})" if batches else ""
+        parts.append(
+            f"{len(beyond)} group(s) the run's Redis committed after it{span} are lost with the "
+            "steps that trained them (recorded in trained_groups/lost-*.json, counted in "
+            "rewind/lost_groups) and their prompts made again"
+        )
+    return "; ".join(parts)
+
+
+def lost_rows(records: StepRecords, group_ids: list[str], checkpoint_step: int) -> list[dict]:
+    """The ledger rows of `group_ids` from the steps after `checkpoint_step` (the step that
+    trained each, its version and lag), or just the id where no readable ledger file has it
+    (a damaged or deleted one: what the rewind is for)."""
+    found: dict[str, dict] = {}
+    for step in records.ledger.steps():
+        if step <= checkpoint_step:
+            continue
+        try:
+            rows = json.loads(records.ledger.path(step).read_text())
+        except (OSError, ValueError):
+            continue
+        for row in rows if isinstance(rows, list) else []:
+            if isinstance(row, dict) and row.get("group_id") in group_ids:
+                found[str(row["group_id"])] = {"trained_at_step": step, **row}
+    return [
+        {**found.get(g, {"group_id": g}), "rewound_to_step": checkpoint_step} for g in group_ids
+    ]
+
+
+def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: str) -> None:
+    """Fixed mode: square the run's Redis with what the loaded checkpoint says was trained,
+    before a resume deletes anything (`start` names where the learner resumes from).
 
     Groups Redis committed as trained that the checkpoint lacks were trained after it (a resume
     that fell back past a damaged or deleted newer checkpoint, or a damaged step file). A commit
-    deletes them from the stream. With `rewind` (fixed mode, where the steps after the
-    checkpoint are a deterministic function of it) they are rewound (`buffer.rewind`): unmarked
-    as trained, their tickets reissued so the generators make them again, each admitted only as
-    the copy that was trained, and the learner replays the steps after the checkpoint; one line
-    says so. Without (bounded mode) that is ResumeError (one line) now, instead of a wait for
-    them until take_timeout_s. Groups the checkpoint has that Redis still holds were trained and
-    not yet committed (a learner killed between its checkpoint and the commit): they are
-    committed now, not read back and dropped as too stale."""
+    deletes them from the stream; since the steps after the checkpoint are a deterministic
+    function of it, they are rewound (`buffer.rewind`): unmarked as trained, their tickets
+    reissued so the generators make them again, each admitted only as the copy that was
+    trained, and the learner replays the steps after the checkpoint; one line says so. Groups
+    the checkpoint has that Redis still holds were trained and not yet committed (a learner
+    killed between its checkpoint and the commit): they are committed now, not read back and
+    dropped as too stale."""
     beyond = buffer.committed_beyond(set(state.trained_group_ids))
     if beyond:
         batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
         span = f"; batches {batches[0]}-{batches[-1]}" if batches else ""
         shown = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
-        if not rewind:
-            raise ResumeError(
-                f"resuming from {start}, but the run's Redis committed {len(beyond)} group(s) "
-                f"as trained after it ({shown}{span}): a commit deletes a group from the buffer, "
-                f"so the steps after step {state.step} cannot be retrained in bounded mode; "
-                "restore the newer checkpoint (and its step files), or rerun the trial without "
-                "--resume"
-            )
         buffer.rewind(beyond)
         print(
             f"rewinding to {start}: the run's Redis committed {len(beyond)} group(s) as trained "

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 
 from buffer.streams import Check, Delivery, RolloutSource, draw_key
+from buffer.timeline import Timeline
 from learner.runtime.dynamic_sampling import take_dynamic
 from learner.runtime.intake import IntakeRules, ModelLimits, TrialSlots, intake_check
 from learner.runtime.task import LearnerTask
@@ -34,6 +35,7 @@ class Taken:
     consumed: list[Delivery]
     sampling_metrics: dict[str, float] = field(default_factory=dict)
     taken_at: float = math.nan  # the learner's wall clock at the take (staleness accounting)
+    withdrawn: list[Delivery] = field(default_factory=list)  # made from withdrawn weights
 
 
 # What ranks > 0 take: nothing (rank 0 broadcasts the collated batch).
@@ -67,8 +69,11 @@ class BatchTaker:
         limits: ModelLimits,
         *,
         trained: Iterable[str],
+        timeline: Timeline | None = None,
     ) -> None:
-        self.buffer, self.task = buffer, task
+        """`timeline` (bounded mode): the run's rewinds; groups made from weights they
+        withdrew are dropped and their prompts made again (`buffer.timeline`)."""
+        self.buffer, self.task, self.timeline = buffer, task, timeline
         self.rules = intake_rules(task, limits)
         self.slots = TrialSlots(
             task.seed, task.learner.prompts_per_step, task.total_steps, self.rules.extra_rounds
@@ -126,9 +131,10 @@ class BatchTaker:
             task.consumer,
             task.take_timeout_s,
             accept=check,
+            timeline=self.timeline,
         )
         fresh = self._without_trained(taken.deliveries, step, fixed=False)
-        return Taken(fresh, taken.dropped, fresh)
+        return Taken(fresh, taken.dropped, fresh, withdrawn=taken.withdrawn)
 
     def _without_trained(
         self, deliveries: list[Delivery], step: int, *, fixed: bool

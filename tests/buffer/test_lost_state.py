@@ -26,6 +26,7 @@ from buffer.connection import (
 )
 from buffer.consumer import RolloutConsumer
 from buffer.producer import RolloutProducer
+from buffer.rewind import rewind_bounded
 from buffer.server import EmbeddedRedis
 from buffer.versions import RunStateWatch, VersionRegistry
 from buffer.weight_store import WeightStore
@@ -196,3 +197,27 @@ def test_resume_republishes_a_checkpoint_version_lost_with_the_last_writes(
     client.flushdb()
     with pytest.raises(RunStateLostError, match="registry is empty"):
         require_checkpoint_version(VersionRegistry(client, RUN_ID), paths)
+
+
+def test_resume_does_not_republish_a_version_a_bounded_rewind_withdrew(
+    redis_server, tmp_path
+) -> None:
+    """A bounded-mode learner rewound the registry from v4 to v2 (its step-4 checkpoint damaged)
+    and was killed before publishing again: the registry is behind the newest checkpoint
+    directory by a rewind, not by lost writes, so the next resume must not publish the
+    withdrawn v4 again (generators would load it): the check reads the checkpoint the learner
+    will resume from, the newest usable one."""
+    paths = TrialPaths(tmp_path / "trial")
+    store = WeightStore(paths.weights)
+    for version in (2, 4):
+        store.write(version, {"w": torch.zeros(1)})
+    for step in (2, 4):
+        CheckpointStore(paths.checkpoints).save(TrainingState(step=step), {})
+    (paths.checkpoints / "step-000004" / "state.pt").unlink()  # the damage the rewind was for
+    client = redis_server.client()
+    registry = VersionRegistry(client, RUN_ID)
+    for version in range(5):
+        registry.publish(version, f"/weights/v{version}")
+    rewind_bounded(client, RUN_ID, 2, [])
+    require_checkpoint_version(VersionRegistry(client, RUN_ID), paths)
+    assert registry.current() == (2, "/weights/v2")

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from buffer.connection import RunKeys
+from buffer.rewind import rewind_bounded
 from buffer.schema import decode_group, encode_group
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore
@@ -116,6 +117,14 @@ def test_a_check_costs_no_round_trip_and_a_lost_announcement_is_read_within_rere
     assert updates.newer(1) is None  # not announced, and the registry read is not due
     updates.reread_s = 0.0
     assert updates.newer(1) == (2, "at-2")
+    # A bounded-mode rewind to v1 withdraws v2 (its location goes): the next check neither
+    # fails nor loads it, and the learner's new v2 is found by the registry read after it.
+    rewind_bounded(client, "checks", 1, [])
+    updates.reread_s = 3600.0
+    assert updates.newer(1) is None
+    client.set(keys.version, 2)
+    client.hset(keys.version_locations, 2, "at-2-again")
+    assert updates.newer(1) == (2, "at-2-again")
     updates.close()
 
 

@@ -10,7 +10,6 @@ as a run killed after saving the step-4 checkpoint and before committing its gro
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 import threading
 import time
@@ -27,8 +26,6 @@ from buffer.producer import RolloutProducer
 from buffer.run_control import clear_stop
 from buffer.tickets import TicketDispenser
 from contract.trial import TrialStatus
-from harness.config import ConfigError
-from harness.trial.learner_main import ResumeFailedError, resume_failures_as_one_line
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.loop import LearnerOutcome
 from learner.runtime.metrics_log import GroupLedger
@@ -247,27 +244,6 @@ def test_a_missing_or_damaged_step_file_is_rebuilt_by_a_replay(  # noqa: PLR0917
         assert "checkpoint step-000002 passed over" in said
     else:
         assert "resuming from checkpoint step-000002" in said
-
-
-@pytest.mark.parametrize(("damage", "name", "step"), DAMAGED_STEP_FILES[1:2])
-def test_bounded_mode_still_fails_a_damaged_step_file_in_one_line(
-    finished: Finished, tmp_path: Path, damage: str, name: str, step: int
-) -> None:
-    """Bounded mode does not replay (what it trained after a checkpoint depended on timing),
-    so a damaged step file stops the resume in one line, before anything is deleted. Run as
-    `harness learner` runs it: a ConfigError, which it prints as one `error:` line."""
-    trial = _copy(finished, tmp_path)
-    _damage(trial, damage, name)
-    before = _files(trial)
-    with pytest.raises(ResumeFailedError) as raised, resume_failures_as_one_line():
-        _run(finished, trial, f"bounded-{damage}-{step}", range(0), resume=True, mode="bounded")
-    assert isinstance(raised.value, ConfigError)
-    message = str(raised.value)
-    assert "\n" not in message
-    assert f"{name} (step {step}) is {damage}" in message
-    assert "steps 0-4" in message and "step-000004" in message
-    assert _files(trial) == before  # nothing deleted before the failure
-    assert json.loads((trial / "checkpoints/latest.json").read_text())["step"] == STEPS
 
 
 def test_a_fallback_past_committed_groups_rewinds_the_run_and_replays(

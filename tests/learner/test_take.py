@@ -26,7 +26,9 @@ class ScriptedSource:
     def take_batch(self, batch_index, n_groups, consumer, timeout_s, *, accept=None, slots=()):
         return list(self.per_step[batch_index])
 
-    def take(self, n_groups, learner_version, max_lag, consumer, timeout_s, *, accept=None):
+    def take(
+        self, n_groups, learner_version, max_lag, consumer, timeout_s, *, accept=None, timeline=None
+    ):
         return TakeResult(list(self.per_step[learner_version]))
 
     def ack(self, entry_ids) -> None:

@@ -241,3 +241,19 @@ def test_fetcher_never_prunes_the_version_just_fetched(
     location = fetcher.fetch(1)
     assert Path(location).is_dir()
     assert_same_tensors(read_state_dict(location), state(1))
+
+
+def test_a_rewind_makes_the_fetcher_download_a_republished_version_again(
+    store: RemoteWeightStore, remote: RemoteTree, tmp_path: Path
+) -> None:
+    """A bounded-mode rewind to v3 withdraws v4; the learner publishes other weights as v4.
+    Without `forget_after` the fetcher would serve its copy of the withdrawn v4."""
+    for version in (3, 4):
+        store.write(version, state(version))
+    fetcher = WeightFetcher(tmp_path / "gen", remote, keep=2)
+    fetcher.fetch(3)
+    fetcher.fetch(4)
+    assert fetcher.forget_after(3) == [4]
+    store.write(4, state(40))  # the new v4
+    assert_same_tensors(read_state_dict(fetcher.fetch(4)), state(40))
+    assert_same_tensors(read_state_dict(fetcher.fetch(3)), state(3))  # kept, not withdrawn
