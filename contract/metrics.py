@@ -8,6 +8,7 @@ step combine (minibatch updates, data-parallel ranks, generators); `combine` app
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Final, Literal
@@ -171,6 +172,15 @@ MOE_TOKEN_REROUTED_FRAC: Final = "moe/token_rerouted_frac"
 MOE_ROLLOUT_ROUTING_MISMATCH: Final = "moe/rollout_routing_mismatch"
 # ... and the share of scored tokens the generator routed elsewhere in at least one layer.
 MOE_ROLLOUT_TOKEN_REROUTED_FRAC: Final = "moe/rollout_token_rerouted_frac"
+# How much of the token log-ratio's spread routing explains, after the step's updates, over the
+# step's response tokens (`learner.runtime.moe_logratio`, which defines them exactly): a_t =
+# log pi_theta(y_t) - log pi_old(y_t) with the routers free, b_t the same with pi_old's experts
+# replayed. logratio_var = Var_t(a_t); routing_logratio_var = Var_t(a_t - b_t), the part of the
+# log-ratio only routing moves; routing_logratio_var_frac = their ratio clipped to [0, 1] (0 when
+# nothing varies). Population variances over the tokens.
+MOE_LOGRATIO_VAR: Final = "moe/logratio_var"
+MOE_ROUTING_LOGRATIO_VAR: Final = "moe/routing_logratio_var"
+MOE_ROUTING_LOGRATIO_VAR_FRAC: Final = "moe/routing_logratio_var_frac"
 
 # Every per-step metric, in a stable order: each row of metrics.parquet carries all of them
 # (NaN where not measured), so every part file has the same schema and any Parquet reader,
@@ -290,6 +300,9 @@ REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
         MOE_TOKEN_REROUTED_FRAC: "mean",
         MOE_ROLLOUT_ROUTING_MISMATCH: "mean",
         MOE_ROLLOUT_TOKEN_REROUTED_FRAC: "mean",
+        MOE_LOGRATIO_VAR: "mean",  # each rank measures the whole batch: equal values
+        MOE_ROUTING_LOGRATIO_VAR: "mean",
+        MOE_ROUTING_LOGRATIO_VAR_FRAC: "mean",
     }
 )
 
@@ -298,14 +311,53 @@ if _unruled:  # a new metric must say how it combines before anything can log it
     raise ImportError(f"contract.metrics: {_unruled} lack a REDUCTIONS entry (or are not metrics)")
 
 
+# Metric families: names with a part that depends on the trial (one per sparse layer of an MoE
+# policy), so they cannot be fixed columns of every row as ALL_METRICS are. A family is a
+# pattern and a reduction; its names are columns only of the trials that log them (a Parquet
+# part holds ALL_METRICS and the family names its row carries, `learner.runtime.metrics_log`),
+# and MLflow gets them like any column. Defined after ALL_METRICS, which they are not part of.
+#
+# moe/routing_change_frac/layer_<i>: the routing change of sparse layer i alone (i counts the
+# model's routers in forward order, from 0, zero-padded to 2 digits), the per-layer shares whose
+# mean and max are moe/routing_change_frac and moe/routing_change_frac_max.
+MOE_ROUTING_CHANGE_LAYER_PREFIX: Final = f"{MOE_ROUTING_CHANGE_FRAC}/layer_"
+FAMILY_REDUCTIONS: Final[Mapping[str, Reduction]] = MappingProxyType(
+    {MOE_ROUTING_CHANGE_LAYER_PREFIX: "mean"}  # each rank measures the whole batch
+)
+_FAMILY_NAME = re.compile(
+    "^(" + "|".join(re.escape(prefix) for prefix in FAMILY_REDUCTIONS) + r")(\d{2,})$"
+)
+
+
+def moe_routing_change_layer(layer: int) -> str:
+    """`moe/routing_change_frac/layer_<i>`: the routing change of sparse layer `layer`."""
+    if layer < 0:
+        raise ValueError(f"sparse layer index {layer} is negative; layers count from 0")
+    return f"{MOE_ROUTING_CHANGE_LAYER_PREFIX}{layer:02d}"
+
+
+def family_of(name: str) -> str | None:
+    """The family prefix a name belongs to (`FAMILY_REDUCTIONS`), None for any other name."""
+    match = _FAMILY_NAME.match(name)
+    return match.group(1) if match else None
+
+
+def is_metric(name: str) -> bool:
+    """A registered name: one of ALL_METRICS or a member of a family."""
+    return name in REDUCTIONS or family_of(name) is not None
+
+
 def reduction(name: str) -> Reduction:
-    """The rule that combines partial measurements of metric `name`."""
-    try:
+    """The rule that combines partial measurements of metric `name` (a family member's is its
+    family's)."""
+    if name in REDUCTIONS:
         return REDUCTIONS[name]
-    except KeyError:
+    family = family_of(name)
+    if family is None:
         raise KeyError(
             f"metric {name!r} is not in contract.metrics; register it there with a reduction"
-        ) from None
+        )
+    return FAMILY_REDUCTIONS[family]
 
 
 def combine(name: str, values: Sequence[float]) -> float:

@@ -8,9 +8,10 @@ A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate i
   logits bounded by `learner.logprob_chunk_tokens`: pi_old, the reference and the critic's old
   values. A Qwen MoE policy (`ROUTED_MODEL_TYPES`) captures its routing around each of pi_old's
   parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
-  routing forward of the `moe/*` metrics in the same parts (`StepRouting._route`, with
-  `logits_to_keep=1`, `MOE_METRICS_LOGITS_TO_KEEP`: one position's logits a row, no
-  [tokens, vocabulary] logits). pi_old's record of the batch (`routing_record`: each token's
+  forwards of the `moe/*` metrics in the same parts (`StepRouting._log_ratios`): each part
+  scored with its routing captured, then on pi_old's experts, their logits bounded by
+  `learner.logprob_chunk_tokens` as pi_old's are (`learner.runtime.moe_logratio`: routing's
+  share of the log-ratio's variance). pi_old's record of the batch (`routing_record`: each token's
   experts and router entropy, every sparse layer; never the router logits, which the
   capture's hook reduces at once) is kept in host memory (`learner.runtime.moe_record`), and
   the metrics compare each part with its slice of it (`moe.RoutingTally`). So a routing pass
@@ -81,10 +82,6 @@ ROUTER_ENTROPY_BYTES = F32
 """What a routing capture keeps of a token's router logits in a sparse layer: their entropy in
 float32 (`learner.runtime.moe.RoutingRecorder.record`), beside the top-k experts
 (`expert_index_bytes` each)."""
-MOE_METRICS_LOGITS_TO_KEEP = 1
-"""Positions a row that the `moe/*` routing forward projects to logits
-(`StepRouting._route` calls the model with `logits_to_keep=1`): it needs the routers
-only, so its logits are [rows, 1, vocabulary] in the compute dtype, not [tokens, vocabulary]."""
 
 
 @dataclass(frozen=True)
@@ -252,9 +249,11 @@ def scoring_passes(
     - `micro`: pi_old (dense policy), the reference and the critic's old values; a Qwen MoE
       policy runs it only for a reference or a critic (a critic has no logits);
     - `moe_pi_old` (Qwen MoE): pi_old with its routing captured part by part;
-    - `moe_routing` (Qwen MoE): the `moe/*` routing forward after the updates, logits of
-      `MOE_METRICS_LOGITS_TO_KEEP` position a row, each part's experts compared with its
-      slice of pi_old's record.
+    - `moe_routing` (Qwen MoE): the `moe/*` forwards after the updates, per part: scored with
+      its routing captured (pi_old's moment), then scored again on pi_old's experts (its
+      slice moved to the device, beside the part's own experts and free log-probs; the
+      replay hook's float32 copies are counted as the capture's, which are no fewer), then
+      the part's experts compared with that slice.
 
     pi_old's record of the batch is in host memory, so the device holds routing of one part at
     a time (`_routing_moments`). Each MoE pass is the larger of its moments; the metrics' last
@@ -283,14 +282,11 @@ def scoring_passes(
             routing=forward,
         )
         passes["moe_pi_old"] = _largest(pi_old, replace(base, routing=stacked))
-        routing = replace(
-            base,
-            activations=scoring_activations(shape, setup, rows, hidden_copy=False, captured=True),
-            logits=rows * MOE_METRICS_LOGITS_TO_KEEP * shape.vocab * setup.compute_bytes,
-            routing=forward,
+        replayed = replace(
+            pi_old, logits=pi_old.logits + F32 * tokens, routing=2 * _part_experts(shape, setup)
         )
         entropy = replace(base, routing=3 * F32 * setup.step_rows * setup.seq_len)
-        passes["moe_routing"] = _largest(routing, replace(base, routing=compared), entropy)
+        passes["moe_routing"] = _largest(pi_old, replayed, replace(base, routing=compared), entropy)
     return passes
 
 
@@ -303,8 +299,13 @@ def _routing_moments(shape: ModelShape, setup: LearnerSetup) -> tuple[float, flo
     (`RoutingRecorder.indices`) and then compares them with the part's slice of pi_old's
     experts, moved to the device (`moe.RoutingTally.add`)."""
     part = setup.scoring_rows * setup.seq_len
-    capture, experts = routing_bytes(shape, part), routing_bytes(shape, part, entropy=False)
+    capture, experts = routing_bytes(shape, part), _part_experts(shape, setup)
     return capture, 2 * capture, max(capture + experts, 2 * experts)
+
+
+def _part_experts(shape: ModelShape, setup: LearnerSetup) -> float:
+    """One part's experts alone (`RoutingRecorder.indices`, or its slice of pi_old's record)."""
+    return routing_bytes(shape, setup.scoring_rows * setup.seq_len, entropy=False)
 
 
 def _largest(*phases: Phase) -> Phase:

@@ -30,7 +30,7 @@ SCORING_PASSES = {  # MemoryEstimate.scoring_pass: (table column, the verdict's 
     ),
     "moe_routing": (
         "scoring: MoE routing",
-        "the moe/* routing forward (no grad, every row on every rank, no logits)",
+        "the moe/* forwards (no grad, every row on every rank, routing captured, then replayed)",
     ),
 }
 UPDATE_PHASE = "the update (micro-batch forward + backward)"

@@ -39,18 +39,25 @@ class MetricsLog:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def append(self, step: int, timestamp: float, metrics: dict[str, float]) -> None:
-        """Write one step's row atomically, with every registered metric (NaN if unmeasured).
+        """Write one step's row atomically, with every registered metric (NaN if unmeasured)
+        and the family members it carries (`contract.metrics.FAMILY_REDUCTIONS`: per-layer
+        MoE shares), as columns after them, in name order.
 
         Unknown names are refused: metric names come from `contract.metrics` only.
         """
-        unknown = sorted(set(metrics) - set(M.ALL_METRICS))
+        unknown = sorted(name for name in metrics if not M.is_metric(name))
         if unknown:
             raise KeyError(f"metrics {unknown} are not in contract.metrics; register them there")
         row: dict[str, list] = {M.STEP: [step], M.TIMESTAMP: [float(timestamp)]}
         for name in M.ALL_METRICS:
             value = metrics.get(name)
             row[name] = [math.nan if value is None else float(value)]
-        step_tables.write_part(self.root, step, pa.table(row, schema=METRICS_SCHEMA))
+        family = sorted(set(metrics) - set(M.ALL_METRICS))
+        schema = METRICS_SCHEMA
+        for name in family:  # a trial's rows all carry the same ones (its model's layers)
+            row[name] = [float(metrics[name])]
+            schema = schema.append(pa.field(name, pa.float64()))
+        step_tables.write_part(self.root, step, pa.table(row, schema=schema))
 
     def steps(self) -> list[int]:
         return step_tables.part_steps(self.root)

@@ -16,6 +16,9 @@ not. This module supplies that option and the diagnostics that show the effect:
   current router (softmax over all experts, gathered at the replayed experts and renormalised
   when `norm_topk_prob`, exactly as the router computes them for its own choice);
 - `routing_metrics` turns two captures into `moe/*` metrics (pure functions of tensors);
+- the log-ratio metrics (`learner.runtime.moe_logratio`) weigh what the re-routing does to the
+  token ratio: the step's metric pass scores each part with the routers free and with pi_old's
+  experts replayed, and the variance of the difference is routing's share;
 - `StepRouting` is the small object `learner.runtime.step.train_on_batch` calls. Its forwards
   (pi_old's, and the routing forward of the metrics) run in the step's micro-batches
   (`learner.micro_batch_tokens`). pi_old's are each captured on their own and put back in the
@@ -66,6 +69,7 @@ from learner.runtime.moe_hooks import (
     router_entropy,
     router_modules,
 )
+from learner.runtime.moe_logratio import LOGRATIO_METRICS, LogRatioTally
 from learner.runtime.moe_metrics import (
     change_fraction,
     expert_counts_per_layer,
@@ -90,9 +94,11 @@ from learner.runtime.update import MicroBatch, take
 from learner.vocabulary import RoutingReplay
 
 __all__ = [  # the hooks, the metric functions and the record live next door, re-exported here
+    "LOGRATIO_METRICS",
     "MOE_METRICS",
     "ROLLOUT_METRICS",
     "ROUTER_TYPES",
+    "LogProbs",
     "PartContext",
     "Routing",
     "RoutingRecorder",
@@ -168,10 +174,12 @@ class RoutingTally:
 
     def metrics(self) -> dict[str, float]:
         """Each metric averaged over layers (`MOE_METRICS`, and `ROLLOUT_METRICS` with a
-        rollout), all NaN when no position is scored."""
+        rollout), and each layer's routing change (`M.moe_routing_change_layer`), all NaN when
+        no position is scored."""
         names = MOE_METRICS + (ROLLOUT_METRICS if self.mismatched is not None else ())
+        layers = [M.moe_routing_change_layer(i) for i in range(int(self.changed.shape[0]))]
         if not bool(self.scored.any()):
-            return {name: math.nan for name in names}
+            return {name: math.nan for name in (*names, *layers)}
         stats = {}
         if self.mismatched is not None and self.mismatched_tokens is not None:
             mismatch = change_fraction(self.mismatched, self.scored)
@@ -180,13 +188,17 @@ class RoutingTally:
             stats[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] = float(tokens)
         entropy = masked_mean_per_layer(self.old.entropy, self.scored)  # one layer at a time
         change = change_fraction(self.changed, self.scored)  # [layers]
-        return stats | {
-            M.MOE_LOAD_IMBALANCE: float(load_imbalance_of_counts(self.experts).mean()),
-            M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
-            M.MOE_ROUTING_CHANGE_FRAC: float(change.mean()),
-            M.MOE_ROUTING_CHANGE_MAX: float(change.max()),
-            M.MOE_TOKEN_REROUTED_FRAC: float(change_fraction(self.rerouted, self.scored)),
-        }
+        return (
+            stats
+            | {
+                M.MOE_LOAD_IMBALANCE: float(load_imbalance_of_counts(self.experts).mean()),
+                M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
+                M.MOE_ROUTING_CHANGE_FRAC: float(change.mean()),
+                M.MOE_ROUTING_CHANGE_MAX: float(change.max()),
+                M.MOE_TOKEN_REROUTED_FRAC: float(change_fraction(self.rerouted, self.scored)),
+            }
+            | dict(zip(layers, change.tolist(), strict=True))
+        )
 
 
 def routing_metrics(
@@ -208,6 +220,10 @@ def routing_metrics(
     tally.add(every, None, new.indices.to(device), None if rollout is None else rollout.to(device))
     return tally.metrics()
 
+
+LogProbs = Callable[[Tensor, Tensor], Tensor]
+"""(input_ids, attention_mask) of a part -> the policy's log-probs [b, w], as its pi_old pass
+scores them (`step._score`: sampling distribution, chunks of `learner.logprob_chunk_tokens`)."""
 
 PartContext = Callable[[MicroBatch], AbstractContextManager[None]]
 """What `StepRouting.capture_old` yields: the context to enter around one micro-batch's forward."""
@@ -235,7 +251,10 @@ class StepRouting:
     3. `metrics(mask)` runs one extra no-grad pass of the updated policy, in the same parts
        (the same on every rank, so FSDP's per-forward gathers match), counts each part's
        routing against the same rows of `old` (`RoutingTally`) and returns `moe/*` over the
-       positions that score response tokens (`predicting_positions`).
+       positions that score response tokens (`predicting_positions`). Given `logprobs` and
+       pi_old's log-probs, that pass scores the part's tokens and a second one scores them on
+       pi_old's experts (`learner.runtime.moe_logratio`: routing's share of the log-ratio's
+       variance, over the response tokens); each part's logits are freed as its log-probs exist.
 
     With `rollout` each part's start-of-step forward replays the generator's experts of its rows
     (pi_old on the sampler's sub-network), and `old` comes from one extra no-grad pass without
@@ -346,18 +365,63 @@ class StepRouting:
         experts = cut(self.old.indices, rows, width).to(self.input_ids.device)  # (layers,b,w,k)
         return replay_experts(self.policy, experts)
 
+    def _replay_pi_old(self, part: MicroBatch) -> AbstractContextManager[None]:
+        """The experts pi_old's log-probs of the part were computed on: the generator's under
+        `rollout` (as its pi_old pass replayed them), else the learner's own start-of-step
+        routing (what `routing_replay: old` replays), in every mode."""
+        if self.mode == "rollout":
+            return self._replay_rollout(part)
+        assert self.old is not None  # checked in metrics
+        experts = cut(self.old.indices, part.rows, part.width).to(self.input_ids.device)
+        return replay_experts(self.policy, experts)
+
     @torch.no_grad()
-    def metrics(self, mask: Tensor) -> dict[str, float]:
+    def _log_ratios(
+        self,
+        part: MicroBatch,
+        logprobs: LogProbs,
+        old_lp: Tensor,
+        mask: Tensor,
+        tally: LogRatioTally,
+    ) -> Tensor:
+        """Score the part's rows with the routers free (capturing their experts, returned
+        (layers, b, width, k) on the device) and on pi_old's experts; add both log-ratios
+        against `old_lp` over the part's response tokens to `tally`."""
+        whole = is_whole(self.parts)  # then the batch itself, as the pi_old pass read it
+        ids, attn = self.input_ids, self.attention_mask
+        ids, attn = (ids, attn) if whole else (take(ids, part), take(attn, part))
+        old_lp, mask = (old_lp, mask) if whole else (take(old_lp, part), take(mask, part))
+        with capture_routing(self.policy) as recorder:
+            free = logprobs(ids, attn)  # (b, width)
+        experts = recorder.indices(int(part.rows.numel()), part_width(part, self.length))
+        del recorder  # its per-layer captures: only the stacked experts are left
+        with self._replay_pi_old(part):
+            replayed = logprobs(ids, attn)  # (b, width)
+        tally.add(free - old_lp, replayed - old_lp, mask)
+        return experts
+
+    @torch.no_grad()
+    def metrics(
+        self, mask: Tensor, logprobs: LogProbs | None = None, old_lp: Tensor | None = None
+    ) -> dict[str, float]:
+        """`moe/*` after the updates; with `logprobs` and `old_lp` (pi_old's log-probs [B, L],
+        from the step's start) also `LOGRATIO_METRICS`, the routing pass then scoring tokens."""
         if not self.active:
             return {}
         if self.old is None:
             raise RuntimeError("StepRouting.metrics before capture_old: pi_old's routing is unset")
         scored = predicting_positions(mask).float()  # (B, L)
         tally = RoutingTally(self.old, scored, self.rollout is not None)
+        ratios = None if logprobs is None or old_lp is None else LogRatioTally(mask.device)
         for part in self.parts:
             rollout = None if self.rollout is None else cut(self.rollout, part.rows, part.width)
-            tally.add(part.rows, part.width, self._own_experts(part), rollout)
-        return tally.metrics()
+            if ratios is None:
+                experts = self._own_experts(part)  # routing only: no logits
+            else:
+                assert logprobs is not None and old_lp is not None
+                experts = self._log_ratios(part, logprobs, old_lp, mask, ratios)
+            tally.add(part.rows, part.width, experts, rollout)
+        return tally.metrics() | ({} if ratios is None else ratios.metrics())
 
 
 def _check_rollout(rollout: Tensor, routers: list[nn.Module], shape: tuple[int, int]) -> None:

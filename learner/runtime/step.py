@@ -307,6 +307,15 @@ def train_on_batch(
     metrics |= behavior_gaps(scores.learner_lp, batch, version)
     metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
-    with scoring(policy):
-        metrics |= routing.metrics(mask)  # moe/* after the updates (MoE only)
+    with scoring(policy):  # moe/* after the updates (MoE only): eval mode, no RNG drawn
+        metrics |= routing.metrics(mask, _logprobs_of(policy, learner, sampling), scores.learner_lp)
     return StepResult(metrics, grad_norms)
+
+
+def _logprobs_of(
+    policy: nn.Module, learner: LearnerConfig, sampling: SamplingSettings
+) -> Callable[[Tensor, Tensor], Tensor]:
+    """The policy's log-probs of (ids, attn) as its pi_old pass scores them (`_score`): the
+    sampling distribution, `learner.logprob_chunk_tokens` positions of logits at a time."""
+    chunk = learner.logprob_chunk_tokens
+    return lambda ids, attn: policy_logprobs(policy, ids, attn, sampling, chunk)[0]

@@ -69,3 +69,20 @@ def test_combine_refuses_unknown_names_and_nothing_to_combine() -> None:
 def test_timing_dependent_metrics() -> None:
     assert M.is_timing_dependent(M.PERF_LEARNER_STEP_S) and M.is_timing_dependent(M.BUFFER_DEPTH)
     assert not M.is_timing_dependent(M.REWARD_MEAN)
+
+
+def test_per_layer_family_names_reductions_and_refusals() -> None:
+    # Sparse layer 3 of an MoE policy: zero-padded to 2 digits, 3 past 99 (Qwen3-235B: 94).
+    assert M.moe_routing_change_layer(3) == "moe/routing_change_frac/layer_03"
+    assert M.moe_routing_change_layer(120) == "moe/routing_change_frac/layer_120"
+    name = M.moe_routing_change_layer(3)
+    assert M.is_metric(name) and name not in M.ALL_METRICS  # a family member, not a column
+    assert M.family_of(name) == M.MOE_ROUTING_CHANGE_LAYER_PREFIX
+    assert M.reduction(name) == "mean" and M.combine(name, [0.25, 0.75]) == 0.5
+    assert M.MOE_ROUTING_CHANGE_LAYER_PREFIX not in M.ALL_METRICS  # the prefix is no metric
+    for typo in ("moe/routing_change_frac/layer_3", "moe/routing_change_frac/layer_x1"):
+        assert not M.is_metric(typo)
+        with pytest.raises(KeyError, match=r"is not in contract\.metrics"):
+            M.reduction(typo)
+    with pytest.raises(ValueError, match="negative"):
+        M.moe_routing_change_layer(-1)

@@ -274,12 +274,15 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
     assert passes["moe_pi_old"] == Phase(
         activations=part_forward, logits=20 * 100 * 17, routing=capture
     )
-    # The routing forward: logits_to_keep=1 (2 rows x 1 x 100 float32) and the part's capture.
+    # The moe/* forwards: the part scored with its routing captured (pi_old's moment), then on
+    # pi_old's experts: the same forward and logits, plus the free log-probs kept (20 x 4),
+    # beside the part's own experts and pi_old's slice of them (2 x 40 = 80 < the capture's
+    # 120): 40 bytes over pi_old's pass, so it is the scoring column.
     assert passes["moe_routing"] == Phase(
-        activations=part_forward, logits=2 * 100 * 4, routing=capture
+        activations=part_forward, logits=20 * 100 * 17 + 20 * 4, routing=2 * experts
     )
     chosen = estimate(shape, setup)
-    assert chosen.scoring_pass == "moe_pi_old"
+    assert chosen.scoring_pass == "moe_routing"
     # The update's micro-batch (2 rows of 10): its slice of pi_old's experts, for replay.
     assert chosen.update.routing == experts
     # Without a budget: one forward of the whole batch and its capture, the record's size.
@@ -290,7 +293,7 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
         activations=whole_forward, logits=80 * 100 * 17, routing=record
     )
     assert unsplit["moe_routing"] == Phase(
-        activations=whole_forward, logits=8 * 100 * 4, routing=record
+        activations=whole_forward, logits=80 * 100 * 17 + 80 * 4, routing=2 * 80 * 2
     )
     # A reference runs in micro-batches of 2 rows (not captured): no routing on the device.
     with_reference = LearnerSetup(**(vars(setup) | {"reference": True}))
@@ -299,22 +302,23 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
 
 
 def test_moe_routing_pass_peaks_where_a_parts_routing_outweighs_its_forward(tmp_path: Path):
-    """With very many sparse layers (1000 here) a part's routing outweighs its forward's
-    working set (one block's). pi_old's pass then peaks when the capture is stacked beside
-    itself; the `moe/*` pass when the part's experts are compared with pi_old's slice, moved to
-    the device, beside the capture being let go."""
+    """With very many sparse layers (10,000 here) a part's routing outweighs its forward's
+    working set (one block's) and its logits. pi_old's pass then peaks when the capture is
+    stacked beside itself; the `moe/*` pass when the part's experts are compared with pi_old's
+    slice, moved to the device, beside the capture being let go."""
     tiny = load_shape(_write_config(tmp_path / "m", CONFIGS["qwen3_moe"][0]))
     assert tiny.moe is not None
     shape = dataclasses.replace(
-        tiny, layers=1000, moe=dataclasses.replace(tiny.moe, sparse_layers=1000)
+        tiny, layers=10_000, moe=dataclasses.replace(tiny.moe, sparse_layers=10_000)
     )
-    # A part of 20 tokens: capture 20 x 1000 x 6 = 120,000, its experts 20 x 1000 x 2.
-    capture, experts = 20 * 1000 * 6, 20 * 1000 * 2
+    # A part of 20 tokens: capture 20 x 10,000 x 6 = 1,200,000, its experts 20 x 10,000 x 2.
+    capture, experts = 20 * 10_000 * 6, 20 * 10_000 * 2
     split = LearnerSetup(groups=2, group_size=4, seq_len=10, micro_batch_tokens=25)
     passes = scoring_passes(shape, split, Phase())
     # Forward moment of pi_old: 22,760 activations + 34,000 logits + capture < 2 x capture.
     assert passes["moe_pi_old"] == Phase(routing=2 * capture)
-    # Forward moment of the moe/* pass: 22,760 + 800 + capture < capture + experts.
+    # The moe/* pass: its captured forward (22,760 + 34,000 + capture), its replayed one
+    # (22,760 + 34,080 + 2 x experts), both < capture + experts.
     assert passes["moe_routing"] == Phase(routing=capture + experts)
     whole = LearnerSetup(groups=2, group_size=4, seq_len=10)
     unsplit = scoring_passes(shape, whole, Phase())

@@ -21,6 +21,7 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs
 from learner.runtime.models import build_step_models
 from learner.runtime.moe import (
+    LOGRATIO_METRICS,
     MOE_METRICS,
     Routing,
     StepRouting,
@@ -181,6 +182,10 @@ def test_tokens_rerouted_in_any_layer_hand_worked() -> None:
     assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == pytest.approx(1 / 3)  # mean of 1/3, 2/3, 0
     assert metrics[M.MOE_ROUTING_CHANGE_MAX] == pytest.approx(2 / 3)
     assert metrics[M.MOE_TOKEN_REROUTED_FRAC] == pytest.approx(2 / 3)
+    # Each layer's own share, the values the mean and max above are taken of.
+    per_layer = [metrics[M.moe_routing_change_layer(i)] for i in range(3)]
+    assert per_layer == pytest.approx([1 / 3, 2 / 3, 0.0])
+    assert M.moe_routing_change_layer(1) == "moe/routing_change_frac/layer_01"
     # Against the generator's experts: the same counts under their own names.
     rollout = routing_metrics(
         Routing(old, torch.zeros(3, 1, 4), 8),
@@ -204,7 +209,7 @@ def test_routing_metrics_of_identical_captures() -> None:
     batch = moe_batch(model)
     routing, _ = capture(model, batch)
     metrics = routing_metrics(routing, routing, batch.response_mask)
-    assert set(metrics) == set(MOE_METRICS)
+    assert set(metrics) == set(MOE_METRICS) | {M.moe_routing_change_layer(i) for i in range(LAYERS)}
     for name in (M.MOE_ROUTING_CHANGE_FRAC, M.MOE_ROUTING_CHANGE_MAX, M.MOE_TOKEN_REROUTED_FRAC):
         assert metrics[name] == 0.0
     assert 1.0 <= metrics[M.MOE_LOAD_IMBALANCE] <= EXPERTS / TOP_K
@@ -247,7 +252,9 @@ def test_each_arm_trains_the_moe_policy(moe_dir: Path, arm_name: str) -> None:
         checked = {k: v for k, v in m.items() if k != unmeasured}
         assert all(math.isfinite(v) for v in checked.values()), m
         moe_keys = {k for k in m if k.startswith("moe/")}  # only the registered names
-        assert moe_keys == set(MOE_METRICS)
+        layers = {M.moe_routing_change_layer(i) for i in range(LAYERS)}
+        assert moe_keys == set(MOE_METRICS) | set(LOGRATIO_METRICS) | layers
+        assert 0.0 <= m[M.MOE_ROUTING_LOGRATIO_VAR_FRAC] <= 1.0
     after = list(models.policy.module.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True))
 

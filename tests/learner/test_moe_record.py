@@ -71,13 +71,21 @@ def todays_routing_metrics(
         stats[M.MOE_ROLLOUT_ROUTING_MISMATCH] = change(old.indices, rollout)
         stats[M.MOE_ROLLOUT_TOKEN_REROUTED_FRAC] = any_layer(old.indices, rollout)
     before, after = old.indices.long(), new.indices.long()
-    return stats | {
-        M.MOE_LOAD_IMBALANCE: float(imbalance.mean()),
-        M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
-        M.MOE_ROUTING_CHANGE_FRAC: change(before, after),
-        M.MOE_ROUTING_CHANGE_MAX: change(before, after, "max"),
-        M.MOE_TOKEN_REROUTED_FRAC: any_layer(before, after),
-    }
+    per_layer = {
+        M.moe_routing_change_layer(i): float(masked_mean(layer, mask))
+        for i, layer in enumerate(changed_sets(before, after))
+    }  # each sparse layer's share (added later still)
+    return (
+        stats
+        | per_layer
+        | {
+            M.MOE_LOAD_IMBALANCE: float(imbalance.mean()),
+            M.MOE_ROUTER_ENTROPY: float(entropy.mean()),
+            M.MOE_ROUTING_CHANGE_FRAC: change(before, after),
+            M.MOE_ROUTING_CHANGE_MAX: change(before, after, "max"),
+            M.MOE_TOKEN_REROUTED_FRAC: any_layer(before, after),
+        }
+    )
 
 
 def test_index_dtype_is_the_smallest_that_holds_the_experts() -> None:

@@ -34,6 +34,7 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
 from learner.runtime.moe import (
+    LOGRATIO_METRICS,
     MOE_METRICS,
     ROLLOUT_METRICS,
     StepRouting,
@@ -225,7 +226,9 @@ def test_r3_arm_trains(model_dir: Path, batch: RolloutBatch) -> None:
     ).metrics
     for metrics in (first, second):
         moe = {k: v for k, v in metrics.items() if k.startswith("moe/")}
-        assert set(moe) == {*MOE_METRICS, *ROLLOUT_METRICS}  # the batch carries routing
+        layers = {M.moe_routing_change_layer(i) for i in range(LAYERS)}
+        # the batch carries routing; every MoE step weighs routing's share of the log-ratio
+        assert set(moe) == {*MOE_METRICS, *ROLLOUT_METRICS, *LOGRATIO_METRICS, *layers}
         assert all(math.isfinite(v) for v in moe.values()), moe
 
 

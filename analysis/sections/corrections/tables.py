@@ -40,6 +40,9 @@ STEP_MEANS = {
     "token_rerouted_frac": mn.MOE_TOKEN_REROUTED_FRAC,
     "rollout_routing_mismatch": mn.MOE_ROLLOUT_ROUTING_MISMATCH,
     "rollout_token_rerouted_frac": mn.MOE_ROLLOUT_TOKEN_REROUTED_FRAC,
+    "logratio_var": mn.MOE_LOGRATIO_VAR,
+    "routing_logratio_var": mn.MOE_ROUTING_LOGRATIO_VAR,
+    "routing_logratio_var_frac": mn.MOE_ROUTING_LOGRATIO_VAR_FRAC,
 }
 
 # The report's tables of this section: statistics in column order, and the statistics whose
@@ -71,6 +74,9 @@ MOE_STATS = (
     "token_rerouted_frac",
     "rollout_routing_mismatch",
     "rollout_token_rerouted_frac",
+    "logratio_var",
+    "routing_logratio_var",
+    "routing_logratio_var_frac",
 )
 
 # (trained mean, dropped mean, per-step bias) of each quantity whose selection bias is reported.

@@ -105,6 +105,10 @@ def correction_blocks(summary: pd.DataFrame, figs: dict[str, Path]) -> list[Bloc
         "re-routed in at least one layer (what moves a token's ratio); "
         "rollout_routing_mismatch and rollout_token_rerouted_frac: the same between the "
         "experts the generator recorded and the learner's own router (what R3 routing replay "
-        "removes).",
+        "removes). logratio_var: variance over response tokens of the token log-ratio after "
+        "the updates (routers free, against the step's pi_old); routing_logratio_var: variance "
+        "of its difference from the same log-ratio on pi_old's replayed experts, the part only "
+        "routing moves; routing_logratio_var_frac: that part's share of the total, clipped to "
+        "[0, 1] (what routing explains of the ratio's spread, the GSPO paper's MoE argument).",
     )
     return blocks
