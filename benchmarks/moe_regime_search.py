@@ -97,6 +97,7 @@ def main() -> None:
     header = "| setting | routers changed / update | max layer | tokens re-routed (any layer) "
     header += "| sampler vs learner tokens | eval start | gain | target met | s |"
     lines = [header, "|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    results = []
     for index, setting in enumerate(grid):
         trial, seconds = run_setting(args.out / f"{index:02d}", setting, args.steps)
         s = summarise(trial)
@@ -112,7 +113,9 @@ def main() -> None:
             f"| {'yes' if met else 'no'} | {seconds:.0f} |"
         )
         print(lines[-1], flush=True)
+        results.append({"setting": setting or "shipped", **s, "target_met": bool(met)})
     print("\n".join(lines))
+    print(json.dumps({"moe_regime_search": results}))
 
 
 if __name__ == "__main__":
