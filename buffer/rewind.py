@@ -50,9 +50,22 @@ REWOUND_PREFIX = "r:"
 
 _PROMPT_OF_ID = re.compile(r"-p(\d+)$")
 
+# A ticket put back as an expired lease owned by `owner` (claimed before any new ticket), unless
+# it is leased now; 1 if it was put back.
+_LUA_REOPEN = """
+local function reopen(leases, owners, ticket, owner)
+  if redis.call('ZSCORE', leases, ticket) ~= false then return 0 end
+  redis.call('ZADD', leases, 0, ticket)
+  redis.call('HSET', owners, ticket, owner)
+  return 1
+end
+"""
+
 # KEYS: trained, leases, owners, then one digest key per id. ARGV: owner, then (id, ticket) pairs.
 # Returns {ids unmarked as trained, tickets reopened, digests marked}.
-_REWIND = """
+_REWIND = (
+    _LUA_REOPEN
+    + """
 local unmarked, reopened, marked = 0, 0, 0
 for i = 2, #ARGV, 2 do
   local group_id, ticket = ARGV[i], ARGV[i + 1]
@@ -64,15 +77,12 @@ for i = 2, #ARGV, 2 do
       redis.call('SET', digest_key, 'r:' .. first)
       marked = marked + 1
     end
-    if redis.call('ZSCORE', KEYS[2], ticket) == false then
-      redis.call('ZADD', KEYS[2], 0, ticket)
-      redis.call('HSET', KEYS[3], ticket, ARGV[1])
-      reopened = reopened + 1
-    end
+    reopened = reopened + reopen(KEYS[2], KEYS[3], ticket, ARGV[1])
   end
 end
 return {unmarked, reopened, marked}
 """
+)
 
 
 @dataclass(frozen=True)
@@ -115,18 +125,16 @@ def rewind_groups(client: redis.Redis, run_id: str, group_ids: Sequence[str]) ->
 # KEYS: trained, leases, owners, version, locations, rewinds, then one digest key per id.
 # ARGV: owner, to_version, channel, then (id, ticket) pairs.
 # Returns {ids unmarked, tickets reopened, the version withdrawn from (-1: none), timeline}.
-_REWIND_BOUNDED = """
+_REWIND_BOUNDED = (
+    _LUA_REOPEN
+    + """
 local unmarked, reopened = 0, 0
 for i = 4, #ARGV, 2 do
   local group_id, ticket = ARGV[i], ARGV[i + 1]
   if redis.call('SREM', KEYS[1], group_id) == 1 then
     unmarked = unmarked + 1
     redis.call('DEL', KEYS[6 + (i - 2) / 2])
-    if redis.call('ZSCORE', KEYS[2], ticket) == false then
-      redis.call('ZADD', KEYS[2], 0, ticket)
-      redis.call('HSET', KEYS[3], ticket, ARGV[1])
-      reopened = reopened + 1
-    end
+    reopened = reopened + reopen(KEYS[2], KEYS[3], ticket, ARGV[1])
   end
 end
 local to = tonumber(ARGV[2])
@@ -143,6 +151,7 @@ if current > to then
 end
 return {unmarked, reopened, withdrawn_from, redis.call('LLEN', KEYS[6])}
 """
+)
 
 
 @dataclass(frozen=True)

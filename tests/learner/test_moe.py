@@ -61,6 +61,16 @@ def moe_batch(model: torch.nn.Module, n_groups: int = 4) -> RolloutBatch:
     return collate(random_groups(n_groups, GROUP_SIZE, seed=1, with_logprobs=logprobs), pad_id=0)
 
 
+def moe_batch_routed_by_another() -> RolloutBatch:
+    """The tiny MoE's on-policy batch carrying as `routed_experts` another model's routing of it
+    (same shape, valid experts, different choices: so a replay of the wrong rows or positions
+    would show in the log-probs), as a generator's routing under R3."""
+    batch = moe_batch(tiny_moe())
+    with torch.no_grad(), capture_routing(other := tiny_moe(seed=1)) as recorder:
+        other(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    return dataclasses.replace(batch, routed_experts=recorder.indices(*batch.input_ids.shape))
+
+
 def whole_batch(batch: RolloutBatch) -> list[MicroBatch]:
     """The step batch as one part at its own width (no `learner.micro_batch_tokens`)."""
     rows = torch.arange(batch.batch_size)[None, :]  # (1, B)

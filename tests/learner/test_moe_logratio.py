@@ -22,7 +22,7 @@ from learner.algorithms.sampling_dist import PLAIN
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
-from learner.runtime.moe import LOGRATIO_METRICS, StepRouting, capture_routing
+from learner.runtime.moe import LOGRATIO_METRICS, StepRouting
 from learner.runtime.moe_logratio import (
     LogRatioTally,
     logratio_metrics,
@@ -31,7 +31,7 @@ from learner.runtime.moe_logratio import (
     variance_of_sums,
 )
 from learner.runtime.step import _score, train_on_batch
-from tests.learner.test_moe import GROUP_SIZE, moe_batch, tiny_moe
+from tests.learner.test_moe import GROUP_SIZE, moe_batch_routed_by_another, tiny_moe
 
 # ---- the pure functions ------------------------------------------------------------------------
 
@@ -111,11 +111,7 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def batch() -> RolloutBatch:
-    """The tiny MoE's on-policy batch, with another model's routing of it as `routed_experts`."""
-    batch = moe_batch(tiny_moe())
-    with torch.no_grad(), capture_routing(other := tiny_moe(seed=1)) as recorder:
-        other(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    return dataclasses.replace(batch, routed_experts=recorder.indices(*batch.input_ids.shape))
+    return moe_batch_routed_by_another()
 
 
 def step(moe_dir: Path, batch: RolloutBatch, replay: str, *, flat: bool) -> dict[str, float]:

@@ -19,7 +19,6 @@ the whole forward's, as before); the learner-step tests of test_moe.py run that 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 
@@ -43,7 +42,7 @@ from learner.runtime.moe import (
 )
 from learner.runtime.step import _score, train_on_batch
 from learner.runtime.update import micro_batches
-from tests.learner.test_moe import GROUP_SIZE, moe_batch, tiny_moe
+from tests.learner.test_moe import GROUP_SIZE, moe_batch_routed_by_another, tiny_moe
 
 # moe_batch: 16 rows of 3-9 real tokens; 8 padded tokens per part puts 1-2 rows in each.
 BUDGET = 8
@@ -65,13 +64,7 @@ def moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def batch() -> RolloutBatch:
-    """The tiny MoE's on-policy batch, carrying as `routed_experts` another model's routing of it
-    (same shape, valid experts, different choices: so a replay of the wrong rows or positions
-    would show in the log-probs)."""
-    batch = moe_batch(tiny_moe())
-    with torch.no_grad(), capture_routing(other := tiny_moe(seed=1)) as recorder:
-        other(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-    return dataclasses.replace(batch, routed_experts=recorder.indices(*batch.input_ids.shape))
+    return moe_batch_routed_by_another()
 
 
 def step_parts(batch: RolloutBatch, budget: int | None) -> list:
