@@ -2,8 +2,9 @@
 only the sections shown.
 
 One lag: no staleness trade-off figure or Pareto flags (each lag would be compared with itself)
-and, without a correction arm, no "Off-policy corrections and staleness" section, even though
-every run logs ESS and staleness times. Several lags: all of them. One arm: no Comparisons
+and, without a correction arm, no "Off-policy corrections and staleness" section but its MoE
+routing table when the trials measured routing, even though every run logs ESS and staleness
+times. Several lags: all of them. One arm: no Comparisons
 section and none of its methods.
 """
 
@@ -59,9 +60,13 @@ def test_one_lag_has_no_tradeoff_pareto_or_corrections(one_lag) -> None:
     assert "staleness_tradeoff" not in figures and "corrections" not in figures
     stats = _statistics(summary, "staleness")
     assert stats == {"steps_per_s", "learner_wait_frac", "gen_idle_frac"}  # no pareto_*
-    assert _statistics(summary, "corrections") == set()
+    # The synthetic trials log MoE routing (as MoE trials would): only that table is shown.
+    assert _statistics(summary, "corrections") == {
+        "routing_change_frac",
+        "rollout_routing_mismatch",
+    }
     assert "## Throughput and utilisation" in md and "Staleness and utilisation" not in md
-    assert "Off-policy corrections" not in md
+    assert "Correction diagnostics" not in md and "by correction and lag" not in md
 
 
 def test_several_lags_have_tradeoff_pareto_and_corrections(several_lags) -> None:
@@ -99,3 +104,29 @@ def test_a_rebuilt_report_keeps_only_its_own_figures(tmp_path: Path) -> None:
     drawn = {path.stem for path in fig_dir.glob("*.png")}
     assert "staleness_tradeoff" not in drawn and "learning_curves" in drawn
     assert (fig_dir / "notes.txt").exists()
+
+
+def test_one_lag_of_moe_trials_shows_the_routing_table_alone(tmp_path: Path) -> None:
+    """How much routing moves is a finding at any lag: an MoE experiment at one lag and without
+    a correction arm gets the MoE routing table of the corrections section, and nothing else
+    of that section (no score grid, diagnostics or figure)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from contract import metrics as mn
+    from contract.layout import TrialPaths
+
+    root = write_experiment(tmp_path / "exp", replace(ONE_LAG, corrections=False))
+    for part in sorted(root.glob("trials/*/metrics.parquet/part-*.parquet")):
+        table = pq.read_table(part)
+        steps = table.column(mn.STEP).to_pylist()
+        for name, value in ((mn.MOE_ROUTING_CHANGE_FRAC, 0.2), (mn.MOE_TOKEN_REROUTED_FRAC, 0.7)):
+            values = [value if step > 0 else float("nan") for step in steps]
+            table = table.append_column(name, pa.array(values, pa.float64()))
+        pq.write_table(table, part)
+    assert TrialPaths(next(root.glob("trials/*"))).metrics.is_dir()
+    result = build_report(root, tmp_path / "out", TABLES_ONLY)
+    summary, md = result.summary, result.markdown_path.read_text()
+    assert _statistics(summary, "corrections") == {"routing_change_frac", "token_rerouted_frac"}
+    assert "### MoE routing" in md and "by correction and lag" not in md
+    assert "Correction diagnostics" not in md

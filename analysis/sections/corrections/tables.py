@@ -226,13 +226,18 @@ def score_rows(scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
 
 
 def correction_rows(metrics: pd.DataFrame, scores: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
-    """Section `corrections`, or nothing without a lag or correction axis (`shows`).
+    """Section `corrections`; without a lag or correction axis (`shows`) only the MoE routing
+    table, when the trials measured it (how much routing moves is a finding at any lag).
 
     Scores use the scored trials (as the Scores section); the diagnostics use the finished
     ones (completed or diverged, as the stability section): a diverged trial's steps were run.
     """
     if not shows(scores):
-        return []
+        done = finished(scores)
+        if done.empty:
+            return []
+        reduced = correction_trials(metrics, done)
+        return _stat_rows(reduced, MOE_STATS, spec) if _measured(reduced, MOE_STATS) else []
     rows = score_rows(scores[scores["scored"]], spec)
     done = finished(scores)
     if done.empty:
