@@ -78,6 +78,16 @@ class ReportConfig(BaseModel):
         description="Trailing window (steps) of the running median for spike detection; no "
         "effect when `optim/grad_spikes` is logged.",
     )
+    collapse_drop: float = Field(
+        default=0.15,
+        gt=0.0,
+        le=1.0,
+        description="A finished trial has collapsed when its final score is more than this "
+        "below the best eval it reached (its own peak): the slow decline after an early peak "
+        "that divergence (a non-finite or exploding loss) does not catch, and the failure the "
+        "GSPO paper reports for GRPO on MoE models. A diverged trial scores 0, so it collapsed "
+        "too once its peak was above this.",
+    )
     diverged_scores: DivergedScores = Field(
         default="zero_after",
         description="How diverged trials enter score statistics: `zero_after` scores them as "

@@ -36,6 +36,7 @@ HEADLINES = [
     ("final_score", "mean", "final_mean"),
     ("auc", "iqm", "auc_iqm"),
     ("divergence", "diverged_frac", "diverged_frac"),
+    ("collapse", "collapsed_frac", "collapsed_frac"),
     ("staleness", "steps_per_s", "steps_per_s"),
     ("probability_of_improvement", "final_score", "poi_final"),
     ("tests_final_score", "wilcoxon_p_holm", "wilcoxon_p_holm"),

@@ -29,6 +29,9 @@ SCORE_COLUMNS = [
     "grad_spike_rate",
     "max_kl_old",
     "clip_frac_mean",
+    "peak_score",  # the best eval the trial reached
+    "peak_drop",  # peak_score - final_score: how far it fell from its best
+    "collapsed",  # 1.0 when peak_drop > ReportConfig.collapse_drop (NaN without evals)
     "startup_s",  # trial start to first learner update (analysis.wall_clock), off the curves
     "rewinds",  # bounded-mode resumes that rewound the trial (learner.runtime.resume)
     "rewind_lost_groups",  # groups those rewinds cost: trained and lost, or made and withdrawn
@@ -186,9 +189,21 @@ def score_trial(
         "grad_spike_rate": grad_spike_rate(trial, config.spike_factor, config.spike_window),
         "max_kl_old": reduce_metric(trial, mn.POLICY_KL_OLD, "max"),
         "clip_frac_mean": reduce_metric(trial, mn.POLICY_CLIP_FRAC, "mean"),
+        **peak_scores(values, final, config.collapse_drop),
         "startup_s": startup_s(trial, started_s),
         **rewind_counts(trial),
     }
+
+
+def peak_scores(values: np.ndarray, final: float, collapse_drop: float) -> dict[str, float]:
+    """The trial's best eval, how far its final score fell from it, and whether that fall is a
+    collapse (more than `collapse_drop`). Taken against the scored final (0 for a diverged
+    trial), so a collapse is judged on the policy the trial ends with."""
+    if len(values) == 0 or not math.isfinite(final):
+        return {"peak_score": math.nan, "peak_drop": math.nan, "collapsed": math.nan}
+    peak = float(np.max(values))
+    drop = peak - final
+    return {"peak_score": peak, "peak_drop": drop, "collapsed": float(drop > collapse_drop)}
 
 
 def rewind_counts(trial: pd.DataFrame) -> dict[str, float]:

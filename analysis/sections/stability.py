@@ -1,10 +1,13 @@
-"""Section "Stability" per arm: divergence rates, gradient spikes, KL, clipping, time to threshold.
+"""Section "Stability" per arm: divergence and collapse rates, gradient spikes, KL, clipping,
+time to threshold.
 
-Divergence is a count of k events in N trials: the Wilson score interval (Wilson 1927) keeps
-sensible coverage at the tiny N and k = 0 or N typical here, where the Wald interval collapses
-to zero width (Brown, Cai & DasGupta 2001). Arms are compared with Fisher's exact test, pooled
-over lags. Time to threshold uses the Kaplan-Meier estimator (analysis.stats.survival). The
-clip-fraction and KL trajectories are IQM curves across seeds.
+Divergence (a non-finite or exploding loss ends the trial) and collapse (a trial that ran to its
+end but finished more than `collapse_drop` below its own best eval: the slow decline the GSPO
+paper reports for GRPO on MoE models) are counts of k events in N trials: the Wilson score
+interval (Wilson 1927) keeps sensible coverage at the tiny N and k = 0 or N typical here, where
+the Wald interval collapses to zero width (Brown, Cai & DasGupta 2001). Arms are compared with
+Fisher's exact test, pooled over lags. Time to threshold uses the Kaplan-Meier estimator
+(analysis.stats.survival). The clip-fraction and KL trajectories are IQM curves across seeds.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from contract import metrics as mn
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
-STABILITY_METRICS = ("grad_spike_rate", "max_kl_old", "clip_frac_mean")
+STABILITY_METRICS = ("grad_spike_rate", "max_kl_old", "clip_frac_mean", "peak_drop")
 DIAGNOSTICS = {"clip fraction": mn.POLICY_CLIP_FRAC, "KL to old policy": mn.POLICY_KL_OLD}
 METHODS = [
     "Divergence rates: Wilson score interval (Wilson 1927; Brown, Cai & DasGupta 2001) and "
@@ -50,23 +53,27 @@ def _rate_row(
     return row(section, statistic, value, ci_low=low, ci_high=high, n=n, note=f"{k}/{n}", **keys)
 
 
-def divergence_rows(finished: pd.DataFrame, confidence: float) -> list[dict]:
-    """Section `divergence`: diverged fraction k/N per arm (all lags) and per (arm, lag)."""
+def event_rows(
+    finished: pd.DataFrame, column: str, section: str, statistic: str, confidence: float
+) -> list[dict]:
+    """Section `section`: the fraction k/N of finished trials with the 0/1 `column` set, per arm
+    (all lags) and per (arm, lag); a trial whose flag is NaN (nothing to judge) is not counted."""
+    judged = finished[np.isfinite(finished[column].to_numpy(dtype=float))]
     rows = []
-    for arm, group in finished.groupby("arm", sort=True):
-        k, n = int(group["diverged"].sum()), len(group)
-        rows.append(_rate_row("divergence", "diverged_frac", k, n, confidence, arm=arm))
+    for arm, group in judged.groupby("arm", sort=True):
+        k, n = int(group[column].sum()), len(group)
+        rows.append(_rate_row(section, statistic, k, n, confidence, arm=arm))
         for lag, cell in group.groupby("lag", sort=True):
-            k, n = int(cell["diverged"].sum()), len(cell)
-            rows.append(
-                _rate_row("divergence", "diverged_frac", k, n, confidence, arm=arm, lag=int(lag))
-            )
+            k, n = int(cell[column].sum()), len(cell)
+            rows.append(_rate_row(section, statistic, k, n, confidence, arm=arm, lag=int(lag)))
     return rows
 
 
-def fisher_rows(finished: pd.DataFrame, alpha: float) -> list[dict]:
-    """Section `divergence_tests`: Fisher's exact test for every arm pair, Holm-adjusted."""
-    counts = finished.groupby("arm", sort=True)["diverged"].agg(["sum", "count"])
+def event_tests(finished: pd.DataFrame, column: str, section: str, alpha: float) -> list[dict]:
+    """Section `section`: Fisher's exact test of the 0/1 `column` for every arm pair (pooled
+    over lags), Holm-adjusted over the pairs."""
+    judged = finished[np.isfinite(finished[column].to_numpy(dtype=float))]
+    counts = judged.groupby("arm", sort=True)[column].agg(["sum", "count"])
     rows = []
     for x, y in itertools.combinations(counts.index, 2):
         kx, nx = int(counts.loc[x, "sum"]), int(counts.loc[x, "count"])
@@ -74,14 +81,7 @@ def fisher_rows(finished: pd.DataFrame, alpha: float) -> list[dict]:
         result = fisher(kx, nx, ky, ny, alpha)
         note = f"{kx}/{nx} vs {ky}/{ny}" + (f"; {result.note}" if result.note else "")
         rows.append(
-            row(
-                "divergence_tests",
-                "fisher_p",
-                result.p_value,
-                comparison=f"{x} vs {y}",
-                n=nx + ny,
-                note=note,
-            )
+            row(section, "fisher_p", result.p_value, comparison=f"{x} vs {y}", n=nx + ny, note=note)
         )
     adjusted = holm(np.array([r["value"] for r in rows]))
     holm_note = f"Holm over {int(np.isfinite(adjusted).sum())} comparisons"
@@ -90,6 +90,28 @@ def fisher_rows(finished: pd.DataFrame, alpha: float) -> list[dict]:
         for r, p in zip(rows, adjusted, strict=True)
     ]
     return rows
+
+
+def divergence_rows(finished: pd.DataFrame, confidence: float) -> list[dict]:
+    """Section `divergence`: diverged fraction k/N per arm (all lags) and per (arm, lag)."""
+    flags = finished.assign(diverged=finished["diverged"].astype(float))
+    return event_rows(flags, "diverged", "divergence", "diverged_frac", confidence)
+
+
+def fisher_rows(finished: pd.DataFrame, alpha: float) -> list[dict]:
+    """Section `divergence_tests`: Fisher's exact test for every arm pair, Holm-adjusted."""
+    flags = finished.assign(diverged=finished["diverged"].astype(float))
+    return event_tests(flags, "diverged", "divergence_tests", alpha)
+
+
+def collapse_rows(finished: pd.DataFrame, confidence: float, alpha: float) -> list[dict]:
+    """Sections `collapse` and `collapse_tests`: the share of finished trials whose final score
+    fell more than `ReportConfig.collapse_drop` below their own peak, and its Fisher tests."""
+    if "collapsed" not in finished.columns:
+        return []
+    return event_rows(finished, "collapsed", "collapse", "collapsed_frac", confidence) + (
+        event_tests(finished, "collapsed", "collapse_tests", alpha)
+    )
 
 
 def metric_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
@@ -138,6 +160,7 @@ def stability_rows(
     return (
         divergence_rows(finished, spec.confidence)
         + fisher_rows(finished, alpha)
+        + collapse_rows(finished, spec.confidence, alpha)
         + metric_rows(finished, spec)
         + threshold_rows(finished, threshold, spec.confidence)
     )
@@ -248,11 +271,28 @@ def blocks(page: Page) -> list[Block]:
         ),
         *table(
             summary,
+            "collapse",
+            "Collapse",
+            f"Fraction of finished trials whose final score is more than "
+            f"{config.collapse_drop:g} below the best eval they reached (`collapse_drop`), k/N "
+            "with Wilson CI; 'all' = all lags. A diverged trial scores 0 and counts once its "
+            "peak was above that.",
+        ),
+        *table(
+            summary,
+            "collapse_tests",
+            "Collapse: Fisher's exact test",
+            "Arm pairs pooled over lags; n = trials of both arms.",
+            skip_empty=True,  # one arm: no pair
+        ),
+        *table(
+            summary,
             "stability",
             "Gradient spikes, KL and clipping",
             f"Mean across seeds with CI of: spikes per step (optim/grad_spikes, else grad "
             f"norm > {config.spike_factor:g} x trailing median of {config.spike_window} "
-            f"steps), max KL to the old policy, mean clip fraction.",
+            f"steps), max KL to the old policy, mean clip fraction, and the drop from the "
+            f"best eval to the final score (peak_drop).",
         ),
         *figure(
             figs,

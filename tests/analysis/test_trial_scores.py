@@ -137,3 +137,39 @@ def test_spike_detection_and_logged_counts() -> None:
     assert grad_spike_rate(trial, 10.0, 20) == pytest.approx(1 / 6)
     logged = pd.DataFrame({mn.OPTIM_GRAD_SPIKES: [0.0, 0.0, 2.0, np.nan], mn.OPTIM_GRAD_NORM: 1.0})
     assert grad_spike_rate(logged, 10.0, 20) == pytest.approx(2 / 3)  # learner's own counts win
+
+
+def _peaking_trial(evals: list[float]) -> pd.DataFrame:
+    """One eval every 10 steps, from step 0."""
+    steps = np.arange(10 * (len(evals) - 1) + 1)
+    column = np.full(len(steps), np.nan)
+    column[::10] = evals
+    return pd.DataFrame({mn.STEP: steps, mn.TIMESTAMP: steps * 1.0, mn.EVAL_PASS_RATE: column})
+
+
+def test_collapse_is_a_fall_from_the_trials_own_peak() -> None:
+    # Evals 0.4, 0.8, 0.7, 0.5, 0.6: final (last 3) = 0.6, peak 0.8, drop 0.2.
+    trial = _peaking_trial([0.4, 0.8, 0.7, 0.5, 0.6])
+    scores = score_trial(trial, ReportConfig())
+    assert scores["peak_score"] == 0.8
+    assert scores["peak_drop"] == pytest.approx(0.2)
+    assert scores["collapsed"] == 1.0  # 0.2 > 0.15, the default
+    assert score_trial(trial, ReportConfig(collapse_drop=0.25))["collapsed"] == 0.0
+    # Still climbing: the peak is one of the last evals, the drop is small, no collapse.
+    rising = score_trial(_peaking_trial([0.2, 0.4, 0.6, 0.7, 0.65]), ReportConfig())
+    assert rising["peak_drop"] == pytest.approx(0.7 - (0.6 + 0.7 + 0.65) / 3)
+    assert rising["collapsed"] == 0.0
+    # Diverged: scored 0, so a trial that had reached 0.6 collapsed; one that never got above
+    # the threshold did not (there was nothing to lose).
+    assert score_trial(_diverging_trial(), ReportConfig(), diverged=True)["collapsed"] == 1.0
+    low = _peaking_trial([0.1, 0.12, 0.1])
+    assert score_trial(low, ReportConfig(), diverged=True)["collapsed"] == 0.0
+    # No evals: nothing to judge.
+    empty = score_trial(pd.DataFrame({mn.STEP: [0, 1], mn.TIMESTAMP: [0.0, 1.0]}), ReportConfig())
+    assert math.isnan(empty["collapsed"]) and math.isnan(empty["peak_score"])
+
+
+def test_collapse_drop_is_validated_by_name() -> None:
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="collapse_drop"):
+            ReportConfig(collapse_drop=bad)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.sections.stability import divergence_rows, fisher_rows, threshold_rows
+from analysis.sections.stability import collapse_rows, divergence_rows, fisher_rows, threshold_rows
 from analysis.sections.staleness import frontier_table, pareto_optimal
 from analysis.stats import wilson
 
@@ -80,3 +80,29 @@ def test_threshold_rows_not_reached() -> None:
     median, reached = threshold_rows(done, 0.5, 0.95)
     assert math.isnan(median["value"]) and "not reached" in median["note"]
     assert reached["value"] == 0.25 and reached["note"] == "1/4 reached"
+
+
+def test_collapse_rows_count_judged_trials_per_arm_and_lag() -> None:
+    trials = pd.DataFrame(
+        {
+            "arm": ["a"] * 4 + ["b"] * 4,
+            "lag": [0, 0, 2, 2] * 2,
+            "diverged": [False] * 8,
+            # b's last trial has no evals (NaN): not judged, so b is 0 of 3.
+            "collapsed": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0, np.nan],
+        }
+    )
+    rows = collapse_rows(trials, 0.95, 0.05)
+    rates = {(r["arm"], r["lag"]): r for r in rows if r["section"] == "collapse"}
+    assert rates[("a", None)]["note"] == "3/4" and rates[("a", None)]["value"] == 0.75
+    assert rates[("a", 2)]["note"] == "1/2"
+    assert rates[("b", None)]["note"] == "0/3" and rates[("b", None)]["n"] == 3
+    assert (rates[("a", 0)]["ci_low"], rates[("a", 0)]["ci_high"]) == pytest.approx(
+        wilson(2, 2, 0.95)
+    )
+    (test,) = [r for r in rows if r["statistic"] == "fisher_p"]
+    # 3/4 vs 0/3: p = C(3,3) C(4,0) / C(7,3) + ... two-sided: the tables as or more extreme.
+    assert test["note"].startswith("3/4 vs 0/3") and test["comparison"] == "a vs b"
+    assert test["value"] == pytest.approx(0.142857, abs=1e-6)
+    # Without the column (an experiment scored before collapse existed): no rows.
+    assert collapse_rows(trials.drop(columns="collapsed"), 0.95, 0.05) == []
