@@ -185,6 +185,26 @@ def test_value_loss_micro_batches_give_the_minibatch_gradient() -> None:
     assert float((grads[0] - grads[1]).abs().max()) <= 1e-6
 
 
+def test_value_clip_frac_counts_only_values_outside_the_trust_region() -> None:
+    """The first token is the one a learner step met (new packages moved a forward by a bit):
+    V = 0.0025575075, V_old = 0.0001333, so V_old + (V - V_old) rounds one ulp above V, and the
+    clipped error "won" with V well inside the region; the metric counted it as clipped in the
+    unsplit minibatch but not in its micro-batches. The second token is really clipped: V moved
+    0.5 towards its return, out of the 0.2 region, so (V_clip - R)^2 = 0.64 beats (V - R)^2 =
+    0.25. The third moved 0.5 too, away from its return: the unclipped 0.81 wins, not clipped."""
+    values = torch.tensor([[0.0025575074832886457, -0.5, 0.9]])
+    old_values = torch.tensor([[0.00013329077046364546, 0.0, 0.4]])
+    returns = torch.tensor([[0.0017554786754772067, -1.0, 0.0]])
+    mask = torch.ones_like(values, dtype=torch.bool)
+    clipped_v = old_values[0, 0] + (values[0, 0] - old_values[0, 0]).clamp(-0.2, 0.2)
+    assert clipped_v != values[0, 0]  # the rounding this test is about
+    terms = value_loss(values, old_values, returns, mask, clip=0.2)
+    assert terms.stats.clipped.tolist() == [[0.0, 1.0, 0.0]]
+    # The loss is unchanged: max of the two errors per token, rounding included.
+    assert terms.loss.terms[0, 1:].tolist() == pytest.approx([0.64, 0.81])
+    assert float(terms.loss.terms[0, 0]) == float((clipped_v - returns[0, 0]).square())
+
+
 def test_totals_of_the_rows_themselves_change_nothing() -> None:
     """Unsplit terms reduced with their own totals are reduced without totals, bit for bit."""
     b = minibatch()

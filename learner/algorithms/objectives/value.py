@@ -51,10 +51,15 @@ def value_loss(
     v_loss_unclipped = (values - returns).square()  # (B, T)
     if clip is None:
         v_loss_max = v_loss_unclipped
+        clipped = torch.zeros_like(values)
     else:
-        v_clipped = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
+        moved = values - old_values  # (B, T)
+        v_clipped = old_values + moved.clamp(-clip, clip)  # (B, T)
         v_loss_max = torch.maximum(v_loss_unclipped, (v_clipped - returns).square())
-    clipped = (v_loss_max > v_loss_unclipped).float().detach()
+        # A token is clipped when V left the trust region *and* the clipped error won. Inside
+        # the region V_old + (V - V_old) can differ from V in the last bit, so the second test
+        # alone counted rounding as clipping (and differently per micro-batch split).
+        clipped = ((moved.abs() > clip) & (v_loss_max > v_loss_unclipped)).float().detach()
     stats = ValueStats(values.detach(), returns, clipped)
     return ValueTerms(LossTerms(v_loss_max, "token-mean", scale=0.5), stats)
 
