@@ -115,7 +115,8 @@ def collapse_rows(finished: pd.DataFrame, confidence: float, alpha: float) -> li
 
 
 def metric_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
-    """Section `stability`: mean across seeds of spike rate, max KL and mean clip fraction."""
+    """Section `stability`: mean across seeds of spike rate, max KL, mean clip fraction and the
+    drop from the best eval to the final score."""
     rows = []
     for column in STABILITY_METRICS:
         for (arm, lag), values in by_condition(finished, column).items():
