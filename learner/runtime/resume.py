@@ -223,7 +223,7 @@ def _rewound(step: int, withdrawn: int, beyond: list[str]) -> str:
             "rewind/withdrawn_groups, and their prompts made again)"
         )
     if beyond:
-        batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
+        batches = batches_of(beyond)
         span = f" (batches {batches[0]}-{batches[-1]})" if batches else ""
         parts.append(
             f"{len(beyond)} group(s) the run's Redis committed after it{span} are lost with the "
@@ -268,7 +268,7 @@ def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: s
     dropped as too stale."""
     beyond = buffer.committed_beyond(set(state.trained_group_ids))
     if beyond:
-        batches = sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, beyond) if m})
+        batches = batches_of(beyond)
         span = f"; batches {batches[0]}-{batches[-1]}" if batches else ""
         shown = ", ".join(beyond[:3]) + (", ..." if len(beyond) > 3 else "")
         buffer.rewind(beyond)
@@ -283,3 +283,9 @@ def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: s
 
 
 _BATCH_OF_ID = re.compile(r"-b(\d+)-p\d+$")
+
+
+def batches_of(group_ids: list[str]) -> list[int]:
+    """The prompt batches `group_ids` came from (`...-b<batch>-p<prompt>`), ascending, for the
+    rewind lines; ids of another form are left out."""
+    return sorted({int(m.group(1)) for m in map(_BATCH_OF_ID.search, group_ids) if m})
