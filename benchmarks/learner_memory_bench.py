@@ -10,9 +10,15 @@ built by `learner.runtime.models.build_step_models` (+ `wrap_ddp`), as the learn
     fsdp_ckpt    + `learner.activation_checkpointing`
     fsdp_all     + micro-batches + activation checkpointing + `learner.logprob_chunk_tokens`
     fsdp_bf16    + `learner.dtype=bfloat16` (bf16 compute, float32 master weights and AdamW)
+    fsdp_micro_bf16  micro-batches + bf16
+    fsdp_all_bf16    micro-batches + checkpointing + chunked log-probs + bf16: the options of
+                 the GSPO paper's setting in `harness plan` (issue 40)
 
 The model is a random-init Qwen2 with a 32k vocabulary saved to a temporary directory (nothing
-is downloaded). Every setting runs in fresh processes (forked from a forkserver that imported
+is downloaded), or, with `--model-config PATH`, that config.json (say
+`configs/model_configs/qwen3-30b-a3b.json`: its hidden size, attention, experts and vocabulary)
+at random init with `--layers` decoder layers, so an MoE's per-layer memory is measured at the
+real model's width. Every setting runs in fresh processes (forked from a forkserver that imported
 torch once): one warm-up update, then `--updates` timed ones. Per rank it records
 
 - memory before the models are built (after imports and joining the process group), after
@@ -55,6 +61,12 @@ batch and options (`harness.planning.memory.estimate`), and `plan/upd` its ratio
 with glibc's mmap threshold at 64 KiB (`MALLOC_MMAP_THRESHOLD_`, as those tests do), so a freed
 tensor leaves the resident set at once instead of staying in malloc's heap and inflating VmHWM.
 
+Per phase (`benchmarks/memory_phases.py`): each setting also records the peak of the step's
+scoring passes (pi_old), its minibatch updates and an MoE policy's `moe/*` pass, beside the
+planner's scoring and update columns, so a ratio says which of the planner's two peaks is off.
+`--snapshot SETTING` (CUDA) runs one more update of that setting with the allocator's trace on
+and prints what is alive at its peak, by allocation site.
+
 The last line printed is one JSON object.
 """
 
@@ -80,11 +92,13 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.learner_bench import build_model
+from benchmarks.memory_phases import live_at_peak, phase_peaks
 from buffer.collate import RolloutBatch, collate
 from buffer.schema import RolloutGroup
 from harness.planning.architecture import ModelShape, load_shape
@@ -103,6 +117,7 @@ PRELOAD = [
     "__main__",
     "torch",
     "transformers.models.qwen2.modeling_qwen2",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe",
     "learner.runtime.models",
     "learner.runtime.step",
 ]
@@ -122,6 +137,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
     micro = {"micro_batch_tokens": args.micro_batch_tokens}
     ckpt = {"activation_checkpointing": True}
     chunk = {"logprob_chunk_tokens": args.logprob_chunk_tokens}
+    bf16 = {"dtype": "bfloat16"}
     return [
         Setting("single", 1),
         Setting("ddp", args.world),
@@ -129,15 +145,33 @@ def settings(args: argparse.Namespace) -> list[Setting]:
         Setting("fsdp_micro", args.world, fsdp | micro),
         Setting("fsdp_ckpt", args.world, fsdp | ckpt),
         Setting("fsdp_all", args.world, fsdp | micro | ckpt | chunk),
-        Setting("fsdp_bf16", args.world, fsdp | {"dtype": "bfloat16"}),
+        Setting("fsdp_bf16", args.world, fsdp | bf16),
+        Setting("fsdp_micro_bf16", args.world, fsdp | micro | bf16),
+        Setting("fsdp_all_bf16", args.world, fsdp | micro | ckpt | chunk | bf16),
     ]
 
 
 def save_model(args: argparse.Namespace, directory: Path) -> int:
-    """learner_bench's random-init Qwen2 (untied head) in `directory`; its parameters."""
-    model = build_model(args, args.prompt_len + args.response_len)
+    """learner_bench's random-init Qwen2 (untied head) in `directory`, or `--model-config`'s
+    model at `--layers` layers (initialised on `--device`, saved in bfloat16: the learner
+    loads float32 master weights either way); its parameters."""
+    positions = args.prompt_len + args.response_len
+    if args.model_config is None:
+        model = build_model(args, positions)
+    else:
+        fields = json.loads(args.model_config.read_text())
+        fields |= {"num_hidden_layers": args.layers, "max_position_embeddings": positions}
+        fields.pop("torch_dtype", None)
+        config = AutoConfig.for_model(**fields)
+        torch.manual_seed(0)
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(directory)
-    return sum(p.numel() for p in model.parameters())
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    if args.device == "cuda":
+        torch.cuda.empty_cache()
+    return params
 
 
 def rollout_batch(args: argparse.Namespace) -> RolloutBatch:
@@ -260,6 +294,7 @@ def learner_config(setting: Setting, args: argparse.Namespace) -> LearnerConfig:
         lr=1e-6,
         old_logprobs="recompute",
         device=args.device,
+        optimizer_impl=args.optimizer_impl,
         **setting.options,
     )
 
@@ -281,7 +316,9 @@ def measure(job: Job) -> dict:
     dist = init_distributed(job.args.device, group_of_one=cfg.parallel == "fsdp")
     memory: Memory = CudaMemory() if job.args.device == "cuda" else HostMemory()
     try:
-        return _updates(job.args, job.model_dir, cfg=cfg, dist=dist, memory=memory)
+        return _updates(
+            job.args, job.model_dir, cfg=cfg, dist=dist, memory=memory, name=job.setting.name
+        )
     finally:
         shutdown(dist)  # after _updates returned: its DDP wrappers are freed first
 
@@ -293,6 +330,7 @@ def _updates(
     cfg: LearnerConfig,
     dist: DistContext,
     memory: Memory,
+    name: str,
 ) -> dict:
     arm = make_arm(name="gspo", objective="gspo")
     batch = rollout_batch(args)
@@ -307,19 +345,29 @@ def _updates(
     # The benchmark puts the batch on the device itself (the learner's loop trains the CPU batch
     # that `broadcast_batch` returns).
     batch = RolloutBatch(**{k: v.to(args.device) for k, v in vars(batch).items() if v is not None})
-    seconds = []
-    for update in range(args.updates + 1):  # update 0 is the warm-up
-        barrier(dist)
-        sync()
-        if update == 1:
-            memory.reset_peak()
-        started = time.perf_counter()
+    seconds, phases = [], {}
+
+    def update(version: int) -> None:
         train_on_batch(
             models, batch, arm=arm, learner=cfg, group_size=args.group_size,
-            max_len=args.response_len, version=update, dist=dist,
+            max_len=args.response_len, version=version, dist=dist,
         )  # fmt: skip
+
+    for version in range(args.updates + 1):  # update 0 is the warm-up
+        barrier(dist)
+        sync()
+        started = time.perf_counter()
+        if version == 0:
+            update(version)
+        else:  # each phase's peak (the phases cover the update: their largest is its peak)
+            with phase_peaks(memory, sync) as peaks:
+                update(version)
+            phases = {k: max(v, phases.get(k, 0)) for k, v in peaks.items()}
         sync()
         seconds.append(time.perf_counter() - started)
+    traced = None
+    if args.snapshot == name and args.device == "cuda":  # after the timed updates
+        traced = live_at_peak(lambda: update(args.updates + 1))
     rows = batch.attention_mask.reshape(dist.world_size, -1, batch.attention_mask.shape[1])
     result = {
         "rank": dist.rank,
@@ -327,13 +375,16 @@ def _updates(
         "before_build": before,
         "after_build": after_build,
         "build_peak": build_peak,
-        "update_peak": memory.peak(),
+        "update_peak": max(phases.values()),
+        "phase_peaks": phases,
         "update_s": seconds[1:],
         "trained_tokens": int(rows[dist.rank].sum()),  # this rank's share, real tokens only
         **state_bytes(models.policy),
     }
     if args.device == "cuda":
         result["update_peak_reserved"] = torch.cuda.max_memory_reserved()
+    if traced is not None:
+        result["live_at_peak"] = traced
     return result
 
 
@@ -398,6 +449,10 @@ def combine(ranks: list[dict]) -> dict:
     for key, values in deltas.items():
         out[key] = max(values)
         out[f"{key}_per_rank"] = values
+    phases = {k for r in ranks for k in r["phase_peaks"]}
+    out["phase_peaks"] = {k: max(r["phase_peaks"].get(k, 0) for r in ranks) for k in phases}
+    if "live_at_peak" in ranks[0]:
+        out["live_at_peak"] = ranks[0]["live_at_peak"]  # rank 0's
     return out
 
 
@@ -414,9 +469,10 @@ def ratios_vs(results: dict[str, dict], base: str) -> dict[str, dict[str, float 
     }
 
 
-def planned_peak(shape: ModelShape, setting: Setting, args: argparse.Namespace, width: int) -> int:
-    """`harness plan`'s peak bytes per rank for the setting: the same model, batch (padded to
-    `width`) and learner options (GSPO: no critic, no reference; plain sampling)."""
+def planned(shape: ModelShape, setting: Setting, args: argparse.Namespace, width: int) -> dict:
+    """`harness plan`'s bytes per rank for the setting: the same model, batch (padded to
+    `width`) and learner options (GSPO: no critic, no reference; plain sampling): its peak,
+    its update and scoring columns and which pass the scoring column is."""
     cfg = learner_config(setting, args)
     setup = LearnerSetup(
         gpus=setting.world,
@@ -429,8 +485,15 @@ def planned_peak(shape: ModelShape, setting: Setting, args: argparse.Namespace, 
         seq_len=width,
         micro_batch_tokens=cfg.micro_batch_tokens,
         logprob_chunk_tokens=cfg.logprob_chunk_tokens,
+        optimizer_impl=cfg.resolved_optimizer_impl,
     )
-    return int(estimate(shape, setup).peak)
+    plan = estimate(shape, setup)
+    return {
+        "planned_peak": int(plan.peak),
+        "planned_update": int(plan.update.total),
+        "planned_scoring": int(plan.scoring.total),
+        "planned_scoring_pass": plan.scoring_pass,
+    }
 
 
 HEADER = ("setting", "ranks", "rss0", "build+", "build^", "update^", "upd/ddp", "plan^")
@@ -461,6 +524,19 @@ def _cells(name: str, r: dict, q: dict) -> list[str]:
     ]
 
 
+def print_phases(name: str, r: dict) -> None:
+    """One line: each phase's measured peak beside the planner's columns (MiB)."""
+    measured = "  ".join(f"{k} {v / MB:.0f}" for k, v in sorted(r["phase_peaks"].items()))
+    print(
+        f"  {name} phases (MiB, measured): {measured}; planned: update "
+        f"{r['planned_update'] / MB:.0f}, scoring ({r['planned_scoring_pass']}) "
+        f"{r['planned_scoring'] / MB:.0f}",
+        flush=True,
+    )
+    if "live_at_peak" in r:
+        print(f"  {name} live at the traced update's peak: {json.dumps(r['live_at_peak'])}")
+
+
 def print_table(results: dict[str, dict], ratios: dict[str, dict], base: str) -> None:
     """One row per setting; memory in MiB per rank, max over ranks."""
     rows = [list(HEADER)] + [_cells(name, r, ratios[name]) for name, r in results.items()]
@@ -483,7 +559,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--world", type=int, default=2, help="ranks of every setting but single")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per rank (CPU)")
     parser.add_argument("--hidden", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument(
+        "--layers", type=int, default=6, help="decoder layers (also of --model-config)"
+    )
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--groups", type=int, default=8, help="prompts per update")
     parser.add_argument("--group-size", type=int, default=4, help="responses per prompt")
@@ -494,11 +572,28 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--updates", type=int, default=3, help="timed updates (after 1 warm-up)")
     parser.add_argument("--only", nargs="+", default=None, help="run these settings only")
     parser.add_argument("--quick", action="store_true", help="smaller model and batch (CPU)")
+    parser.add_argument(
+        "--model-config", type=Path, default=None,
+        help="a config.json to build at random init instead of the Qwen2 (--hidden and --vocab "
+        "then come from it)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--optimizer-impl", default="auto", choices=["auto", "fused", "foreach", "for_loop"],
+        help="learner.optimizer_impl of every setting",
+    )  # fmt: skip
+    parser.add_argument(
+        "--snapshot", default=None, metavar="SETTING",
+        help="CUDA: one more update of SETTING with the allocator's trace on; what is alive at "
+        "its peak, by allocation site",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.quick:
         args.hidden, args.layers, args.groups = 384, 4, 4
         args.prompt_len, args.response_len = 16, 64
         args.micro_batch_tokens, args.logprob_chunk_tokens = 256, 128
+    if args.model_config is not None:
+        fields = json.loads(args.model_config.read_text())
+        args.hidden, args.vocab = fields["hidden_size"], fields["vocab_size"]
     return args
 
 
@@ -537,12 +632,10 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
         for setting in chosen:
             started = time.perf_counter()
             result = run_setting(setting, args, model_dir, out)
-            planned = planned_peak(shape, setting, args, width)
-            ratio = round(planned / result["update_peak_increase"], 3)
-            results[setting.name] = result | {
-                "planned_peak": planned,
-                "planned_over_measured": ratio,
-            }
+            plan = planned(shape, setting, args, width)
+            ratio = round(plan["planned_peak"] / result["update_peak_increase"], 3)
+            results[setting.name] = result | plan | {"planned_over_measured": ratio}
+            print_phases(setting.name, results[setting.name])
             print(f"{setting.name}: {time.perf_counter() - started:.1f} s", flush=True)
     base = "ddp" if "ddp" in results else next(iter(results))
     ratios = ratios_vs(results, base)

@@ -58,5 +58,8 @@ OldLogprobs = Literal["behavior", "recompute"]
 LRSchedule = Literal["constant", "cosine"]
 """The learning rate after warm-up."""
 
+OptimizerImpl = Literal["auto", "fused", "foreach", "for_loop"]
+"""How AdamW steps (`learner.optimizer_impl`): one kernel, foreach ops, or tensor by tensor."""
+
 RoutingReplay = Literal["off", "old", "rollout"]
 """MoE routing replay: none, the learner's start-of-step experts (R2), the generator's (R3)."""

@@ -8,10 +8,12 @@
 #   with 2+ GPUs, also a 6-step FSDP trial (2 learner ranks, bf16 mixed precision) checked
 #   like the first (skipped, and said so in the JSON, on one GPU);
 #   5. `harness plan` of the GSPO paper's setting (Qwen3-30B-A3B on 8 x 80 GB, issue 40),
-#      printed as a table to stderr, so the check's log records that estimate (no GPU needed).
+#      printed as a table to stderr, so the check's log records that estimate (no GPU needed);
+#   6. benchmarks/learner_memory_bench.py at that model's width (4 of its layers, random init,
+#      the paper's learner options, one rank): measured peak per phase against the plan.
 # Prints one JSON line (the last line) and exits 0 only if every part passed. It never falls back
 # to the CPU: without a visible GPU, or with a CPU build of torch, it stops at once, non-zero.
-# Budget: 8 minutes on one H200 after the packages are downloaded; each stage has its own limit.
+# Budget: 9 minutes on one H200 after the packages are downloaded; each stage has its own limit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -80,11 +82,20 @@ for memory in 80GB H100-80GB; do
     || fail "harness plan of Qwen3-30B-A3B at $memory failed"
 done
 
+stage "learner memory at Qwen3-30B-A3B's width: measured against harness plan"
+timeout 240 .venv/bin/python benchmarks/learner_memory_bench.py --device cuda --world 1 \
+  --model-config configs/model_configs/qwen3-30b-a3b.json --layers 4 --groups 4 --group-size 8 \
+  --prompt-len 256 --response-len 1024 --micro-batch-tokens 8192 --logprob-chunk-tokens 1024 \
+  --updates 1 --only fsdp_all_bf16 >"$work/moe_memory.log" 2>&1 \
+  || { tail -n 40 "$work/moe_memory.log" >&2; fail "learner_memory_bench (MoE width) failed"; }
+tail -n 1 "$work/moe_memory.log" >"$work/moe_memory.json"
+
 elapsed=$(( $(date +%s) - started ))
 .venv/bin/python - "$work" "$elapsed" <<'PY'
 import json, sys
 from pathlib import Path
 work, elapsed = Path(sys.argv[1]), int(sys.argv[2])
-parts = {name: json.loads((work / f"{name}.json").read_text()) for name in ("trial", "fsdp", "generation", "learner")}
+names = ("trial", "fsdp", "generation", "learner", "moe_memory")
+parts = {name: json.loads((work / f"{name}.json").read_text()) for name in names}
 print(json.dumps({"gpu_check": "passed", "wall_s": elapsed, "workdir": str(work), **parts}))
 PY

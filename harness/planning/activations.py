@@ -49,25 +49,46 @@ def block_saved(shape: ModelShape, b: int, sparse: bool) -> int:
     return attention_saved(shape, b) + mlp_saved(shape, b, sparse)
 
 
+def backward_transient(shape: ModelShape, b: int) -> int:
+    """Bytes per token of the gradients in flight inside one block's backward, beside what it
+    saved: the gradients of the block's output and input (2 x hidden) and of the largest
+    activation and its input (2 x the largest: a dense MLP's width, an MoE's routed experts'
+    fused gate and up outputs, k x 2 x width, or the attention's queries). Measured on an H200
+    (Qwen3-30B-A3B's width, a checkpointed block in backward at the update's peak): the
+    recomputed block's saved tensors and these, 0.92x its saved activations together, where
+    counting that block twice had said 2x."""
+    sizes = [shape.heads * shape.head_dim, shape.hidden]
+    if any(not sparse for sparse, _ in shape.block_kinds()):
+        sizes.append(shape.intermediate)
+    if shape.moe is not None:
+        sizes.append(shape.moe.active * 2 * shape.moe.expert_intermediate)
+    return b * (2 * shape.hidden + 2 * max(sizes))
+
+
 def attention_mask_bytes(rows: int, width: int, b: int, saved_masks: int) -> float:
     """transformers' 4-D boolean padding mask [rows, 1, L, L], and SDPA's additive copy of it in
     the compute dtype, made (and kept for backward) in each of `saved_masks` blocks."""
     return rows * width * width * (1 + b * saved_masks)
 
 
-def update_activations(shape: ModelShape, setup: LearnerSetup) -> float:
-    """Saved activations of the largest micro-batch, plus one block's backward working set
-    (about its saved activations again). Activation checkpointing keeps each block's input
-    only, and recomputes one block at a time in backward."""
+def update_activations(
+    shape: ModelShape, setup: LearnerSetup, *, working_set: bool = True
+) -> float:
+    """Saved activations of the largest micro-batch, plus, with `working_set`, one block's
+    backward working set: the gradients in flight (`backward_transient`). Activation
+    checkpointing keeps each block's input only, and recomputes one block at a time in
+    backward: the working set is then that block's saved activations too."""
     b, rows, width = setup.compute_bytes, setup.micro_rows, setup.seq_len
     tokens = rows * width
     kinds = shape.block_kinds()
     one_block = max(block_saved(shape, b, sparse) for sparse, _ in kinds)
+    transient = backward_transient(shape, b) if working_set else 0
     if setup.activation_checkpointing:
-        blocks = shape.layers * b * shape.hidden + 2 * one_block
+        blocks = shape.layers * b * shape.hidden + (one_block + transient if working_set else 0)
         masks = 1
     else:
-        blocks = sum(count * block_saved(shape, b, sparse) for sparse, count in kinds) + one_block
+        blocks = sum(count * block_saved(shape, b, sparse) for sparse, count in kinds)
+        blocks += transient
         masks = shape.layers
     final = rms_saved(shape.hidden, b) + b * shape.hidden  # final norm, the head's input
     rotary = 2 * F32 * shape.head_dim  # cos and sin, shared by the blocks

@@ -112,6 +112,17 @@ class ModelShape:
         blocks = sum(count * self.block_parameters(sparse) for sparse, count in self.block_kinds())
         return self.root_parameters() + blocks
 
+    def largest_tensor(self) -> int:
+        """The most elements of one parameter tensor: the embedding or head, a dense MLP's
+        projection, or a sparse layer's experts, which transformers stores fused (the gate and
+        up projections of every expert in one [experts, 2 x width, hidden] tensor)."""
+        sizes = [self.vocab * self.hidden, self.heads * self.head_dim * self.hidden]
+        if any(not sparse for sparse, _ in self.block_kinds()):
+            sizes.append(self.intermediate * self.hidden)
+        if self.moe is not None:
+            sizes.append(self.moe.experts * 2 * self.moe.expert_intermediate * self.hidden)
+        return max(sizes)
+
     def head_parameters(self) -> int:
         """The output head's own parameters (0 when tied to the embedding)."""
         return 0 if self.tied_embeddings else self.vocab * self.hidden

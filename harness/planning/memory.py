@@ -95,6 +95,7 @@ class Phase:
     activations: float = 0.0  # saved for backward (update) or one block's working set (scoring)
     logits: float = 0.0  # model logits and their float32 log-prob copies
     routing: float = 0.0  # MoE routing on the device: one micro-batch's capture or slice
+    step: float = 0.0  # AdamW's step: the temporaries of its implementation
 
     @property
     def total(self) -> float:
@@ -106,6 +107,8 @@ class Phase:
 
 ScoringPass = Literal["micro", "moe_pi_old", "moe_routing"]
 """The pass without gradient whose peak is the scoring column (`scoring_passes`)."""
+UpdateMoment = Literal["backward", "log_probs", "optimizer_step"]
+"""The moment of the update whose peak is the update column (`update_moments`)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +117,7 @@ class MemoryEstimate:
     scoring: Phase
     host: float  # bytes of host memory per rank that cpu_offload moves there
     scoring_pass: ScoringPass = "micro"  # which no-grad pass `scoring` is
+    update_moment: UpdateMoment = "backward"  # which moment of the update `update` is
 
     @property
     def peak(self) -> float:
@@ -312,18 +316,82 @@ def _largest(*phases: Phase) -> Phase:
     return max(phases, key=lambda phase: phase.total)  # the first of equals
 
 
-def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
-    """Both peaks of a step on one rank (module docstring)."""
-    state, host = persistent(shape, setup)
+def optimizer_step_bytes(shape: ModelShape, setup: LearnerSetup) -> float:
+    """The temporaries of the policy's AdamW step on the device (`learner.optimizer_impl`;
+    the critic's optimizer steps after it, with fewer parameters). `foreach` takes the square
+    root of every exp_avg_sq at once (`torch._foreach_sqrt`, in place from there on): a
+    float32 copy of the rank's parameters, 4 bytes each (measured on an H200: 11,882 MiB for
+    a 3.1B-parameter rank, the step's peak). `for_loop` makes that root and its quotient one
+    tensor at a time: two copies of the largest tensor. `fused` makes none. With cpu_offload
+    the step runs on the host."""
+    if setup.cpu_offload or setup.optimizer_impl == "fused":
+        return 0.0
+    shards = setup.gpus if setup.parallel == "fsdp" else 1
+    if setup.optimizer_impl == "foreach":
+        return F32 * shape.parameters() / shards
+    return 2 * F32 * shape.largest_tensor() / shards
+
+
+def update_moments(
+    shape: ModelShape, setup: LearnerSetup, state: Phase
+) -> dict[UpdateMoment, Phase]:
+    """The update's three moments, each on what persists then (`state`): its parts peak at
+    different times, so the update's peak is the largest moment, not the sum of each part's
+    own peak (a GPU trace of a 30B-A3B-wide update shows no logits alive at its peak, during
+    a block's backward).
+
+    - `backward`: a decoder block's backward, late in the micro-batch: gathered units with
+      the unit's and the root's unsharded gradients and a reduce-scatter input, the saved
+      activations with one block's working set, the micro-batch's slice of pi_old's experts
+      for routing replay; the logits are gone (freed once their backward ran).
+    - `log_probs`: the log-prob pass and its backward through the log-softmax and head, at the
+      start: the forward's gathered units and the root's unsharded gradient, the activations
+      saved for backward (no block in backward yet), the logits at their peak. In an update
+      of one micro-batch the gradients of the last update are freed by then
+      (`zero_grad(set_to_none=True)` as it starts; DDP's buckets stay), and only the head's
+      gradient has been made.
+    - `optimizer_step`: AdamW's step, after the backwards (`optimizer_step_bytes`).
+    """
     micro_tokens = setup.micro_rows * setup.seq_len
-    update = replace(
+    routing = routing_bytes(shape, micro_tokens, entropy=False)  # replay's slice of pi_old's
+    backward = replace(
         state,
         gathered=gathered_units(shape, setup, backward=True),
         activations=update_activations(shape, setup),
-        logits=logit_bytes(shape, setup, micro_tokens, chunked=True, backward=True),
-        # routing replay: the micro-batch's slice of pi_old's experts (the record is on the host)
-        routing=routing_bytes(shape, micro_tokens, entropy=False),
+        routing=routing,
     )
+    b, root = setup.compute_bytes, fsdp_units(shape)[0]
+    gradients, root_gradient = state.gradients, 0.0
+    if setup.parallel == "fsdp":
+        root_gradient = b * root
+        if setup.micro_batches == 1:
+            gradients = 0.0
+    elif setup.micro_batches == 1:  # DDP: the buckets stay, the head's gradient is made
+        gradients = state.gradients * (1 - 1 / (2 if setup.gpus > 1 else 1))
+        gradients += F32 * shape.vocab * shape.hidden
+    log_probs = replace(
+        state,
+        gradients=gradients if not setup.cpu_offload else 0.0,
+        gathered=gathered_units(shape, setup, backward=False) + root_gradient,
+        activations=update_activations(shape, setup, working_set=False),
+        logits=logit_bytes(shape, setup, micro_tokens, chunked=True, backward=True),
+        routing=routing,
+    )
+    optimizer_step = replace(state, step=optimizer_step_bytes(shape, setup))
+    return {"backward": backward, "log_probs": log_probs, "optimizer_step": optimizer_step}
+
+
+def estimate(shape: ModelShape, setup: LearnerSetup) -> MemoryEstimate:
+    """Both peaks of a step on one rank (module docstring)."""
+    state, host = persistent(shape, setup)
+    moments = update_moments(shape, setup, state)
+    moment = max(moments, key=lambda key: moments[key].total)  # the first of equals
     passes = scoring_passes(shape, setup, state)
     name = max(passes, key=lambda key: passes[key].total)  # the first of equals
-    return MemoryEstimate(update=update, scoring=passes[name], host=host, scoring_pass=name)
+    return MemoryEstimate(
+        update=moments[moment],
+        scoring=passes[name],
+        host=host,
+        scoring_pass=name,
+        update_moment=moment,
+    )

@@ -151,6 +151,7 @@ def setup_for(cfg: ExperimentConfig, arm: ArmBase, gpus: int, prompt_tokens: int
         critic=arm.needs_value_model,
         reference=arm.beta > 0,
         truncated_sampling=gen.top_p < 1 or gen.top_k > 0,
+        optimizer_impl=learner.resolved_optimizer_impl,
     )
 
 
@@ -186,6 +187,8 @@ def _candidates(setup: LearnerSetup) -> list[Change]:
     if chunk is None or chunk > SUGGESTED_CHUNK:
         override = f"learner.logprob_chunk_tokens={SUGGESTED_CHUNK}"
         found.append(((override,), {"logprob_chunk_tokens": SUGGESTED_CHUNK}))
+    if setup.optimizer_impl != "fused" and not setup.cpu_offload:
+        found.append((("learner.optimizer_impl=fused",), {"optimizer_impl": "fused"}))
     if setup.parallel == "fsdp" and not setup.cpu_offload:
         found.append((("learner.cpu_offload=true",), {"cpu_offload": True}))
     return found

@@ -17,8 +17,9 @@ LABELS = {
     "activations": "activations",
     "logits": "logits + log-prob copies",
     "routing": "MoE routing (one micro-batch)",
+    "step": "AdamW step temporaries",
 }
-OPTIONAL_ROWS = ("gathered", "routing")  # shown when not 0
+OPTIONAL_ROWS = ("gathered", "routing", "step")  # shown when not 0
 SCORING_PASSES = {  # MemoryEstimate.scoring_pass: (table column, the verdict's words)
     "micro": (
         "scoring",
@@ -33,12 +34,19 @@ SCORING_PASSES = {  # MemoryEstimate.scoring_pass: (table column, the verdict's 
         "the moe/* forwards (no grad, every row on every rank, routing captured, then replayed)",
     ),
 }
-UPDATE_PHASE = "the update (micro-batch forward + backward)"
+UPDATE_MOMENTS = {  # MemoryEstimate.update_moment: (table column, the verdict's words)
+    "backward": ("update", "the update (a block's backward in a micro-batch)"),
+    "log_probs": ("update: log-probs", "the update (a micro-batch's log-probs and their backward)"),
+    "optimizer_step": ("update: AdamW step", "the update (AdamW's step)"),
+}
 
 
 def phase_words(estimate: MemoryEstimate, phase: str) -> str:
-    """How the verdict names a phase: the update, or the no-grad pass of the scoring column."""
-    return UPDATE_PHASE if phase == "update" else SCORING_PASSES[estimate.scoring_pass][1]
+    """How the verdict names a phase: the update's moment, or the no-grad pass of the scoring
+    column."""
+    if phase == "update":
+        return UPDATE_MOMENTS[estimate.update_moment][1]
+    return SCORING_PASSES[estimate.scoring_pass][1]
 
 
 GIB, MIB = 2**30, 2**20
@@ -104,7 +112,7 @@ def table(plan: Plan) -> Table:
     estimate, unit = plan.chosen.estimate, unit_of(plan)
     out = Table(title=f"memory per GPU ({unit[0]})", title_justify="left")
     out.add_column("component")
-    out.add_column("update", justify="right")
+    out.add_column(UPDATE_MOMENTS[estimate.update_moment][0], justify="right")
     out.add_column(SCORING_PASSES[estimate.scoring_pass][0], justify="right")
     for f in fields(Phase):
         update, scoring = getattr(estimate.update, f.name), getattr(estimate.scoring, f.name)

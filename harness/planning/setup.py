@@ -31,6 +31,8 @@ class LearnerSetup:
     critic: bool = False  # PPO's value model (a copy of the backbone, trained)
     reference: bool = False  # frozen reference policy (beta > 0)
     truncated_sampling: bool = False  # top-p < 1 or top-k > 0: sort copies of the logits
+    # how AdamW steps (`LearnerConfig.resolved_optimizer_impl`); torch's default on the CPU
+    optimizer_impl: Literal["fused", "foreach", "for_loop"] = "for_loop"
 
     @property
     def step_rows(self) -> int:

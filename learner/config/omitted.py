@@ -34,6 +34,7 @@ OMITTED_AT_DEFAULT: tuple[OmitAtDefault, ...] = (
     OmitAtDefault(LearnerConfig, "dtype", "float32"),
     OmitAtDefault(LearnerConfig, "activation_checkpointing", False),
     OmitAtDefault(LearnerConfig, "cpu_offload", False),
+    OmitAtDefault(LearnerConfig, "optimizer_impl", "auto"),
     # what the trial writes besides its results: the rollout log, every step
     OmitAtDefault(LearnerConfig, "rollout_log", RolloutLogConfig()),
     # an arm's optimiser overrides, unset: it trains with `learner.*`

@@ -30,8 +30,14 @@ def load_causal_lm(model_dir: Path, device: str = "cpu") -> nn.Module:
 
 
 def _optimised(module: nn.Module, lr: float, cfg: LearnerConfig, total_updates: int) -> Optimised:
+    impl = cfg.resolved_optimizer_impl  # `fused` on a GPU: no parameter-sized temporary
     optimizer = torch.optim.AdamW(
-        module.parameters(), lr=lr, betas=cfg.betas, weight_decay=cfg.weight_decay
+        module.parameters(),
+        lr=lr,
+        betas=cfg.betas,
+        weight_decay=cfg.weight_decay,
+        fused=impl == "fused",
+        foreach=impl == "foreach",
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer,

@@ -28,7 +28,7 @@ from harness.config import load_config
 from harness.config_sections import ModelConfig
 from harness.models.factory import ARCHITECTURES
 from harness.overrides import ConfigError
-from harness.planning.activations import attention_saved, mlp_saved
+from harness.planning.activations import attention_saved, mlp_saved, update_activations
 from harness.planning.architecture import load_shape
 from harness.planning.memory import (
     ENTROPY_ROWS,
@@ -39,10 +39,13 @@ from harness.planning.memory import (
     fsdp_units,
     gathered_units,
     logit_bytes,
+    optimizer_step_bytes,
+    persistent,
     routing_record,
     scoring_passes,
+    update_moments,
 )
-from harness.planning.plan import builtin_shape, parse_size
+from harness.planning.plan import builtin_shape, parse_size, remedies
 from harness.planning.setup import LearnerSetup
 from tests.harness.trial_helpers import harness, run_argv
 
@@ -167,20 +170,27 @@ def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
     shape = load_shape(REPO / "configs/model_configs/qwen2.5-0.5b.json")
     n = 494_032_768  # Qwen2.5-0.5B (tied head), as published
     assert shape.parameters() == n
-    ddp = estimate(shape, LearnerSetup(gpus=8, parallel="ddp", groups=32, seq_len=1280))
-    fsdp = estimate(shape, LearnerSetup(gpus=8, parallel="fsdp", groups=32, seq_len=1280))
+    ddp_setup = LearnerSetup(gpus=8, parallel="ddp", groups=32, seq_len=1280)
+    fsdp_setup = LearnerSetup(gpus=8, parallel="fsdp", groups=32, seq_len=1280)
+    ddp, fsdp = estimate(shape, ddp_setup), estimate(shape, fsdp_setup)
+    ddp_state, fsdp_state = persistent(shape, ddp_setup)[0], persistent(shape, fsdp_setup)[0]
     # DDP: float32 weights 4n, gradients 4n plus DDP's buckets 4n, AdamW moments 8n per GPU.
-    assert (ddp.update.parameters, ddp.update.gradients, ddp.update.optimizer) == (
+    assert (ddp_state.parameters, ddp_state.gradients, ddp_state.optimizer) == (
         4 * n,
         8 * n,
         8 * n,
     )
     # FSDP on 8: each of them / 8 (and no buckets)
-    assert (fsdp.update.parameters, fsdp.update.gradients, fsdp.update.optimizer) == (
+    assert (fsdp_state.parameters, fsdp_state.gradients, fsdp_state.optimizer) == (
         4 * n / 8,
         4 * n / 8,
         8 * n / 8,
     )
+    # The update is one micro-batch: its log-prob pass (unchunked logits, the peak) runs with
+    # the last update's gradients freed; DDP's buckets stay and the head's gradient is made.
+    assert ddp.update_moment == fsdp.update_moment == "log_probs"
+    assert ddp.update.gradients == 4 * n + 4 * 151_936 * 896
+    assert fsdp.update.gradients == 0
     assert fsdp.update.activations == ddp.update.activations  # the same rows per rank
     assert fsdp.peak < ddp.peak
     assert fsdp.host == ddp.host == 0  # host memory is what cpu_offload moves there
@@ -198,6 +208,7 @@ def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
         "activations",
         "logits",
         "routing",
+        "step",
     }
     # Gathered in bf16: root (tied embedding 151,936 x 896 + final norm 896 = 136,135,552) and
     # two blocks of 14,912,384 (q/k/v/o 1,835,008 + biases 1,152, MLP 13,074,432, norms
@@ -207,9 +218,9 @@ def test_fsdp_divides_parameters_gradients_and_optimizer_by_the_gpus():
     bf16 = LearnerSetup(gpus=8, parallel="fsdp", dtype="bfloat16", groups=32, seq_len=1280)
     for micro in (None, 1280):  # one micro-batch, or 64 of one row each
         setup = LearnerSetup(**(vars(bf16) | {"micro_batch_tokens": micro}))
-        update = estimate(shape, setup).update
+        backward = update_moments(shape, setup, persistent(shape, setup)[0])["backward"]
         # Every micro-batch reduce-scatters: only the shard's gradient lasts between them.
-        assert (update.gradients, update.gathered) == (4 * n / 8, gathered)
+        assert (backward.gradients, backward.gathered) == (4 * n / 8, gathered)
 
 
 def test_fsdp_gathers_an_untied_embedding_as_its_own_unit(tmp_path: Path):
@@ -226,6 +237,73 @@ def test_fsdp_gathers_an_untied_embedding_as_its_own_unit(tmp_path: Path):
     assert gathered_units(shape, setup, backward=True) == 14_240 + 2 * 1616 + (2 + 4) * 2752
     tied = dataclasses.replace(shape, tied_embeddings=True)  # the embedding is the head
     assert fsdp_units(tied) == (1616, 0)
+
+
+def test_the_update_is_its_largest_moment_not_the_sum_of_each_parts_peak(tmp_path: Path):
+    """A block's backward (no logits left), the log-probs and their backward (no block in
+    backward yet), AdamW's step: each on the state of its moment (tiny float32 qwen2: 8,720
+    parameters, its largest tensors the embedding and the head, 100 x 16)."""
+    shape = load_shape(_write_config(tmp_path / "q", CONFIGS["qwen2"][0]))
+    assert shape.largest_tensor() == 1600
+    setup = LearnerSetup(groups=2, group_size=2, seq_len=10)  # one GPU, one micro-batch
+    state = persistent(shape, setup)[0]
+    moments = update_moments(shape, setup, state)
+    assert moments["backward"] == dataclasses.replace(
+        state, activations=update_activations(shape, setup)
+    )
+    # One micro-batch: the last update's gradients are freed as it starts; by the head's
+    # backward, its gradient (4 x 1600) is the only one made.
+    assert moments["log_probs"] == dataclasses.replace(
+        state,
+        gradients=4 * 1600,
+        activations=update_activations(shape, setup, working_set=False),
+        logits=logit_bytes(shape, setup, 40, chunked=True, backward=True),
+    )
+    # The CPU's tensor-by-tensor AdamW: a square root and a quotient of the largest tensor.
+    assert moments["optimizer_step"] == dataclasses.replace(state, step=2 * 4 * 1600)
+    chosen = estimate(shape, setup)
+    assert chosen.update == moments[chosen.update_moment]
+    assert chosen.update.total == max(moment.total for moment in moments.values())
+    parts_at_their_peaks = state.total + sum(
+        getattr(m, name) for m in moments.values() for name in ("activations", "logits", "step")
+    )
+    assert chosen.update.total < parts_at_their_peaks
+    # More micro-batches: the gradients of the earlier ones are there at the next log-probs.
+    split = dataclasses.replace(setup, micro_batch_tokens=10)
+    assert update_moments(shape, split, state)["log_probs"].gradients == state.gradients
+
+
+def test_adamw_step_temporaries_by_implementation(tmp_path: Path):
+    """foreach: a float32 copy of the rank's parameters (the square root of every exp_avg_sq at
+    once); for_loop: two of the largest tensor; fused: none; cpu_offload: on the host."""
+    shape = load_shape(_write_config(tmp_path / "q", CONFIGS["qwen2"][0]))
+    fsdp = LearnerSetup(gpus=2, parallel="fsdp", groups=2, group_size=2, seq_len=10)
+    expected = {"foreach": 4 * 8720 / 2, "for_loop": 2 * 4 * 1600 / 2, "fused": 0}
+    for impl, step in expected.items():
+        assert optimizer_step_bytes(shape, dataclasses.replace(fsdp, optimizer_impl=impl)) == step
+    ddp = dataclasses.replace(fsdp, parallel="ddp", optimizer_impl="foreach")
+    assert optimizer_step_bytes(shape, ddp) == 4 * 8720  # every rank steps the whole model
+    offload = dataclasses.replace(fsdp, cpu_offload=True, optimizer_impl="foreach")
+    assert optimizer_step_bytes(shape, offload) == 0
+
+
+def test_plan_suggests_the_fused_step_when_foreach_makes_the_peak():
+    """Qwen2.5-0.5B on one GPU, one row a micro-batch: foreach's copy of the parameters (1.84
+    GiB) outweighs any activation, so the step is the update's peak, and the fused step fits
+    where foreach does not."""
+    shape = load_shape(REPO / "configs/model_configs/qwen2.5-0.5b.json")
+    setup = LearnerSetup(
+        parallel="fsdp", dtype="bfloat16", activation_checkpointing=True, groups=1,
+        group_size=2, seq_len=1280, micro_batch_tokens=1280, logprob_chunk_tokens=256,
+        optimizer_impl="foreach",
+    )  # fmt: skip
+    foreach = estimate(shape, setup)
+    assert foreach.update_moment == "optimizer_step"
+    assert foreach.update.step == 4 * shape.parameters()
+    fused = estimate(shape, dataclasses.replace(setup, optimizer_impl="fused"))
+    assert fused.update_moment != "optimizer_step" and fused.peak < foreach.peak
+    fixes = {fix.overrides: fix.peak for fix in remedies(shape, setup, fused.peak)}
+    assert fixes[("learner.optimizer_impl=fused",)] == fused.peak
 
 
 # Tiny float32 qwen2 (CONFIGS): a no-grad forward keeps, per token, one block's working set
@@ -517,6 +595,25 @@ def test_plan_prints_a_table_and_a_verdict():
     too_big = harness("plan", GPU_CONFIG, "--gpu-memory", "80GB", "--model-config", HALF_B)
     assert too_big.returncode == 0, too_big.stderr
     assert "does not fit" in too_big.stdout and "learner.micro_batch_tokens=" in too_big.stdout
+
+
+def test_plan_names_the_update_moment_and_suggests_the_fused_step():
+    """Qwen2.5-1.5B on one GPU of 32 GB, one row a micro-batch: with the foreach step, the step's
+    float32 copy of the parameters makes the peak; the fused step (the default on cuda) fits."""
+    options = (
+        "--model-config", "configs/model_configs/qwen2.5-1.5b.json", "--gpu-memory", "32GB",
+        "learner.parallel=fsdp", "learner.dtype=bfloat16", "learner.activation_checkpointing=true",
+        "learner.logprob_chunk_tokens=256", "learner.micro_batch_tokens=1280",
+    )  # fmt: skip
+    foreach = harness("plan", GPU_CONFIG, *options, "learner.optimizer_impl=foreach")
+    assert foreach.returncode == 0, foreach.stderr
+    assert "update: AdamW step" in foreach.stdout and "AdamW step temporaries" in foreach.stdout
+    assert "does not fit" in foreach.stdout
+    assert "learner.optimizer_impl=fused  (peak 25.22 GiB)" in foreach.stdout
+    default = harness("plan", GPU_CONFIG, *options)
+    assert default.returncode == 0, default.stderr
+    assert "fits: peak 25.22 GiB" in default.stdout
+    assert "a block's backward in a micro-batch" in default.stdout
 
 
 def test_plan_errors_are_one_line_naming_the_option():
