@@ -62,10 +62,13 @@ with glibc's mmap threshold at 64 KiB (`MALLOC_MMAP_THRESHOLD_`, as those tests 
 tensor leaves the resident set at once instead of staying in malloc's heap and inflating VmHWM.
 
 Per phase (`benchmarks/memory_phases.py`): each setting also records the peak of the step's
-scoring passes (pi_old), its minibatch updates and an MoE policy's `moe/*` pass, beside the
-planner's scoring and update columns, so a ratio says which of the planner's two peaks is off.
-`--snapshot SETTING` (CUDA) runs one more update of that setting with the allocator's trace on
-and prints what is alive at its peak, by allocation site.
+scoring passes (pi_old), its minibatch updates' forwards and backwards, AdamW's steps and an MoE
+policy's `moe/*` pass, beside the planner's scoring and update columns, so a ratio says which of
+the planner's peaks is off. `--snapshot SETTING` (CUDA) runs one more update of that setting with
+the allocator's trace on and prints what is alive at its peak, by allocation site. At one rank
+FSDP2 skips the all-gather (the unsharded parameters are copied from the shards when needed), so
+no prefetched block is alive there; at 2+ ranks its all-gather output is, and the plan counts
+it. `--optimizer-impl` sets `learner.optimizer_impl` for every setting (`auto`: fused on cuda).
 
 The last line printed is one JSON object.
 """

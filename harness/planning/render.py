@@ -87,7 +87,7 @@ def describe(plan: Plan, gpu_memory_text: str) -> list[str]:
     learner = (
         f"learner: {setup.gpus} GPU(s) of {gpu_memory_text}, {setup.parallel}, {setup.dtype}, "
         f"activation checkpointing {'on' if setup.activation_checkpointing else 'off'}, "
-        f"cpu offload {'on' if setup.cpu_offload else 'off'}"
+        f"cpu offload {'on' if setup.cpu_offload else 'off'}, AdamW {setup.optimizer_impl}"
     )
     chunk = setup.logprob_chunk_tokens
     moe = " (MoE pi_old and moe/* routing too)" if routes_recorded(shape) else ""
