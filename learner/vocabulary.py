@@ -58,8 +58,11 @@ OldLogprobs = Literal["behavior", "recompute"]
 LRSchedule = Literal["constant", "cosine"]
 """The learning rate after warm-up."""
 
-OptimizerImpl = Literal["auto", "fused", "foreach", "for_loop"]
-"""How AdamW steps (`learner.optimizer_impl`): one kernel, foreach ops, or tensor by tensor."""
+AdamWKernels = Literal["fused", "foreach", "for_loop"]
+"""How AdamW steps: one kernel, foreach ops over every tensor, or tensor by tensor."""
+
+OptimizerImpl = Literal["auto", AdamWKernels]
+"""`learner.optimizer_impl`: the kernels, or `auto` (`LearnerConfig.resolved_optimizer_impl`)."""
 
 RoutingReplay = Literal["off", "old", "rollout"]
 """MoE routing replay: none, the learner's start-of-step experts (R2), the generator's (R3)."""

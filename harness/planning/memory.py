@@ -144,7 +144,7 @@ def persistent(shape: ModelShape, setup: LearnerSetup) -> tuple[Phase, float]:
     """(parameters, gradients, optimizer state on the GPU; bytes moved to the host per rank)."""
     trained, frozen = model_parameters(shape, setup)
     shards = setup.gpus if setup.parallel == "fsdp" else 1
-    buckets = 2 if setup.parallel == "ddp" and setup.gpus > 1 else 1
+    buckets = gradient_copies(setup)
     state = Phase(
         parameters=F32 * (trained + frozen) / shards,  # float32: the master weights under bf16
         gradients=buckets * F32 * trained / shards,
@@ -153,6 +153,12 @@ def persistent(shape: ModelShape, setup: LearnerSetup) -> tuple[Phase, float]:
     if setup.cpu_offload:
         return Phase(), state.total
     return state, 0.0
+
+
+def gradient_copies(setup: LearnerSetup) -> int:
+    """Float32 gradients a rank keeps per trained parameter: 2 under DDP at 2+ ranks (the
+    gradients and DDP's flat buckets, `gradient_as_bucket_view=False`), else 1."""
+    return 2 if setup.parallel == "ddp" and setup.gpus > 1 else 1
 
 
 def fsdp_units(shape: ModelShape) -> tuple[int, int]:
@@ -367,11 +373,11 @@ def update_moments(
         if setup.micro_batches == 1:
             gradients = 0.0
     elif setup.micro_batches == 1:  # DDP: the buckets stay, the head's gradient is made
-        gradients = state.gradients * (1 - 1 / (2 if setup.gpus > 1 else 1))
-        gradients += F32 * shape.vocab * shape.hidden
+        copies = gradient_copies(setup)
+        gradients = state.gradients * (copies - 1) / copies + F32 * shape.vocab * shape.hidden
     log_probs = replace(
         state,
-        gradients=gradients if not setup.cpu_offload else 0.0,
+        gradients=gradients,
         gathered=gathered_units(shape, setup, backward=False) + root_gradient,
         activations=update_activations(shape, setup, working_set=False),
         logits=logit_bytes(shape, setup, micro_tokens, chunked=True, backward=True),

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from learner.vocabulary import AdamWKernels
+
 F32 = 4
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ADAM_MOMENT_BYTES = 2 * F32  # exp_avg, exp_avg_sq in float32
@@ -32,7 +34,7 @@ class LearnerSetup:
     reference: bool = False  # frozen reference policy (beta > 0)
     truncated_sampling: bool = False  # top-p < 1 or top-k > 0: sort copies of the logits
     # how AdamW steps (`LearnerConfig.resolved_optimizer_impl`); torch's default on the CPU
-    optimizer_impl: Literal["fused", "foreach", "for_loop"] = "for_loop"
+    optimizer_impl: AdamWKernels = "for_loop"
 
     @property
     def step_rows(self) -> int:

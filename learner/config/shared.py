@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from learner.vocabulary import LRSchedule, OldLogprobs, OptimizerImpl
+from learner.vocabulary import AdamWKernels, LRSchedule, OldLogprobs, OptimizerImpl
 
 
 class RolloutLogConfig(BaseModel):
@@ -164,7 +164,7 @@ class LearnerConfig(BaseModel):
     )
 
     @property
-    def resolved_optimizer_impl(self) -> Literal["fused", "foreach", "for_loop"]:
+    def resolved_optimizer_impl(self) -> AdamWKernels:
         """`optimizer_impl` with `auto` decided (its description)."""
         if self.optimizer_impl != "auto":
             return self.optimizer_impl
