@@ -6,13 +6,13 @@ A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate i
   (each rank scores every row), in micro-batches of `learner.micro_batch_tokens`
   (`step._score`'s `every_row` parts; the whole batch in one forward when it is unset), their
   logits bounded by `learner.logprob_chunk_tokens`: pi_old, the reference and the critic's old
-  values. A Qwen MoE policy (`ROUTED_MODEL_TYPES`) captures its routing around each of pi_old's
-  parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
+  values. A Qwen MoE policy (`routing.ROUTED_MODEL_TYPES`) captures its routing around each of
+  pi_old's parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
   forwards of the `moe/*` metrics in the same parts (`StepRouting._log_ratios`): each part
   scored with its routing captured, then on pi_old's experts, their logits bounded by
   `learner.logprob_chunk_tokens` as pi_old's are (`learner.runtime.moe_logratio`: routing's
-  share of the log-ratio's variance). pi_old's record of the batch (`routing_record`: each token's
-  experts and router entropy, every sparse layer; never the router logits, which the
+  share of the log-ratio's variance). pi_old's record of the batch (`routing.routing_record`:
+  each token's experts and router entropy, every sparse layer; never the router logits, which the
   capture's hook reduces at once) is kept in host memory (`learner.runtime.moe_record`), and
   the metrics compare each part with its slice of it (`moe.RoutingTally`). So a routing pass
   holds one micro-batch's activations and routing on the device, as a dense pass holds its
@@ -20,7 +20,7 @@ A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate i
 - **update**: one micro-batch's forward and backward (the whole rank share of a minibatch when
   `learner.micro_batch_tokens` is unset), with the activations autograd saves for backward,
   and an MoE policy's pi_old experts of that micro-batch, moved to the device for replay
-  (`routing_replay: old`).
+  (`routing_replay: old`), then AdamW's step: the largest of its moments (`update_moments`).
 
 Both sit on the state that persists through the step: parameters, gradients (zeroed to None
 only when the next update starts, `learner.runtime.update.accumulate`) and AdamW's moments.
@@ -46,7 +46,7 @@ Activations, per token and decoder block, are the tensors autograd saves (the ac
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 sec. 4, redone for transformers' RMSNorm, GQA with SDPA and SwiGLU): see
 `activations.block_saved`. The log-prob copies are counted from `learner.runtime.forward` and
-`learner.algorithms.sampling_dist` (`logit_bytes`).
+`learner.algorithms.sampling_dist` (`logits.logit_bytes`).
 """
 
 from __future__ import annotations
@@ -56,32 +56,9 @@ from typing import Literal
 
 from harness.planning.activations import scoring_activations, update_activations
 from harness.planning.architecture import ModelShape
+from harness.planning.logits import logit_bytes
+from harness.planning.routing import routes_recorded, routing_bytes
 from harness.planning.setup import ADAM_MOMENT_BYTES, F32, LearnerSetup
-
-LOGIT_COPY_BYTES = 8
-"""float32 bytes per logit beside the model's own logits (in the compute dtype) while
-`learner.algorithms.sampling_dist.processed_logprobs` runs (`learner.runtime.forward._score`):
-the temperature-scaled copy (4) and its log-softmax (4). A bf16 model's float32 cast (4) lives
-only until the division has made the scaled copy, so the division peaks no higher."""
-TRUNCATED_LOGIT_COPY_BYTES = 24
-"""With top-p (sampling_dist._dropped): the scaled logits (4), sorted values (4), sort order
-(int64, 8), softmax (4) and cumulative sum (4) at once."""
-ENTROPY_ROWS = 128
-"""`learner.runtime.forward.ENTROPY_ROWS`: positions whose entropy is reduced at once."""
-ENTROPY_COPY_BYTES = 9
-"""Bytes per logit of `ENTROPY_ROWS` positions that the entropy makes beside the log-softmax
-(`forward._entropy`): exp * log p (4), its `where` (4) and the finite mask (1)."""
-BACKWARD_LOGIT_BYTES = 12
-"""float32 bytes per logit in a gradient pass's backward through the log-softmax: its saved
-output, the incoming gradient (gather's scatter of the log-probs' gradient) and the gradient it
-returns. The compute-dtype logits are not saved; their gradient (2 or 4) comes after."""
-ROUTED_MODEL_TYPES = frozenset({"qwen2_moe", "qwen3_moe"})
-"""Model types whose routers `learner.runtime.moe.ROUTER_TYPES` hooks: for them every step
-records the batch's routing and runs the `moe/*` routing forward."""
-ROUTER_ENTROPY_BYTES = F32
-"""What a routing capture keeps of a token's router logits in a sparse layer: their entropy in
-float32 (`learner.runtime.moe.RoutingRecorder.record`), beside the top-k experts
-(`expert_index_bytes` each)."""
 
 
 @dataclass(frozen=True)
@@ -187,64 +164,6 @@ def gathered_units(shape: ModelShape, setup: LearnerSetup, *, backward: bool) ->
     if not backward:
         return gathered
     return gathered + max(b * root + (b + F32) * max(embedding, block), (b + F32) * root)
-
-
-# --- logits and routing ----------------------------------------------------------------
-
-
-def logit_bytes(
-    shape: ModelShape, setup: LearnerSetup, tokens: int, *, chunked: bool, backward: bool = False
-) -> float:
-    """The peak of the log-prob pass's logit-sized tensors, for `tokens` positions, or for one
-    chunk of `learner.logprob_chunk_tokens` when chunked (and it is set); with `backward`, of
-    a gradient pass (the update), whose backward through the log-softmax may peak higher.
-
-    Three moments (`learner.runtime.forward._score`): while the sampling distribution's
-    log-softmax is made, the model's logits beside `LOGIT_COPY_BYTES` (top-k / top-p:
-    `TRUNCATED_LOGIT_COPY_BYTES`); while the entropy is reduced, the log-softmax and one
-    `ENTROPY_ROWS` sub-chunk's `ENTROPY_COPY_BYTES`, beside the model's logits only unchunked
-    (the causal LM's output still holds them; a chunk's are freed after its log-softmax); and
-    in backward `BACKWARD_LOGIT_BYTES`."""
-    chunk = setup.logprob_chunk_tokens
-    split = chunked and chunk is not None
-    positions = min(tokens, chunk) if split and chunk else tokens
-    b, logits = setup.compute_bytes, positions * shape.vocab
-    copies = TRUNCATED_LOGIT_COPY_BYTES if setup.truncated_sampling else LOGIT_COPY_BYTES
-    held = 0 if split else b  # unchunked: the model's logits outlive the log-softmax
-    sub_chunk = min(positions, ENTROPY_ROWS) * shape.vocab
-    moments = [logits * (b + copies), logits * (F32 + held) + sub_chunk * ENTROPY_COPY_BYTES]
-    return float(max(moments + ([logits * BACKWARD_LOGIT_BYTES] if backward else [])))
-
-
-def routes_recorded(shape: ModelShape) -> bool:
-    return shape.moe is not None and shape.model_type in ROUTED_MODEL_TYPES
-
-
-def expert_index_bytes(experts: int) -> int:
-    """Bytes of one recorded expert choice (`learner.runtime.moe_hooks.index_dtype`): 1 up to
-    256 experts (uint8), 2 up to 32,768 (int16), else 4."""
-    return 1 if experts <= 2**8 else (2 if experts <= 2**15 else 4)
-
-
-def routing_bytes(shape: ModelShape, tokens: int, *, entropy: bool = True) -> float:
-    """The routing of `tokens` tokens as a capture keeps it (`learner.runtime.moe.Routing`):
-    top-k experts (`expert_index_bytes` each) and, with `entropy`, a float32 router entropy,
-    every sparse layer. The router logits (4 x experts bytes a token a layer) are reduced in the
-    hook and never kept."""
-    if not routes_recorded(shape):
-        return 0.0
-    moe = shape.moe
-    assert moe is not None
-    per_layer = expert_index_bytes(moe.experts) * moe.active
-    per_layer += ROUTER_ENTROPY_BYTES if entropy else 0
-    return tokens * moe.sparse_layers * per_layer
-
-
-def routing_record(shape: ModelShape, setup: LearnerSetup) -> float:
-    """pi_old's record of the step batch's routing, every token of every row, kept in host
-    memory from the start of the step to the `moe/*` metrics (`learner.runtime.moe_record`):
-    not on the device, so no phase counts it; `harness plan` states its size."""
-    return routing_bytes(shape, setup.step_rows * setup.seq_len)
 
 
 # --- the estimate ----------------------------------------------------------------------

@@ -15,13 +15,8 @@ from typing import TYPE_CHECKING
 
 from harness.overrides import ConfigError
 from harness.planning.architecture import KNOWN_TYPES, ModelShape, load_shape, shape_from_hf_config
-from harness.planning.memory import (
-    MemoryEstimate,
-    estimate,
-    expert_index_bytes,
-    routes_recorded,
-    routing_record,
-)
+from harness.planning.memory import MemoryEstimate, estimate
+from harness.planning.routing import expert_index_bytes, routes_recorded, routing_record
 from harness.planning.setup import LearnerSetup
 
 if TYPE_CHECKING:

@@ -6,8 +6,9 @@ from dataclasses import fields
 
 from rich.table import Table
 
-from harness.planning.memory import MemoryEstimate, Phase, routes_recorded
+from harness.planning.memory import MemoryEstimate, Phase
 from harness.planning.plan import Plan, Remedy
+from harness.planning.routing import routes_recorded
 
 LABELS = {
     "parameters": "parameters (float32)",

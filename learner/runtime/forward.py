@@ -61,7 +61,7 @@ def token_logprobs_from_logits(
 ENTROPY_ROWS = 128
 """Positions whose entropy `_entropy` reduces at once (at least 2, `_row_spans`): its temporaries
 (exp * log p, the `where`, the finite mask) are [ENTROPY_ROWS, V], not [positions, V]
-(`harness.planning.memory` counts them so)."""
+(`harness.planning.logits` counts them so)."""
 
 
 def _score(logits: Tensor, targets: Tensor, sampling: SamplingSettings) -> tuple[Tensor, Tensor]:

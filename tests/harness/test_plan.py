@@ -30,22 +30,19 @@ from harness.models.factory import ARCHITECTURES
 from harness.overrides import ConfigError
 from harness.planning.activations import attention_saved, mlp_saved, update_activations
 from harness.planning.architecture import load_shape
+from harness.planning.logits import ENTROPY_ROWS, logit_bytes
 from harness.planning.memory import (
-    ENTROPY_ROWS,
-    ROUTED_MODEL_TYPES,
     Phase,
     estimate,
-    expert_index_bytes,
     fsdp_units,
     gathered_units,
-    logit_bytes,
     optimizer_step_bytes,
     persistent,
-    routing_record,
     scoring_passes,
     update_moments,
 )
 from harness.planning.plan import builtin_shape, parse_size, remedies
+from harness.planning.routing import ROUTED_MODEL_TYPES, expert_index_bytes, routing_record
 from harness.planning.setup import LearnerSetup
 from tests.harness.trial_helpers import harness, run_argv
 
