@@ -89,7 +89,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, get_args
 
 import numpy as np
 import torch
@@ -111,6 +111,7 @@ from learner.config import LearnerConfig, make_arm
 from learner.runtime.distributed import DistContext, barrier, init_distributed, shutdown
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.step import Optimised, train_on_batch
+from learner.vocabulary import OptimizerImpl
 
 hf_logging.disable_progress_bar()  # no "Loading weights" bars from every rank of every setting
 MB = 2**20
@@ -162,8 +163,10 @@ def save_model(args: argparse.Namespace, directory: Path) -> int:
     if args.model_config is None:
         model = build_model(args, positions)
     else:
-        fields = json.loads(args.model_config.read_text())
-        fields |= {"num_hidden_layers": args.layers, "max_position_embeddings": positions}
+        fields = args.model_fields | {
+            "num_hidden_layers": args.layers,
+            "max_position_embeddings": positions,
+        }
         fields.pop("torch_dtype", None)
         config = AutoConfig.for_model(**fields)
         torch.manual_seed(0)
@@ -496,6 +499,7 @@ def planned(shape: ModelShape, setting: Setting, args: argparse.Namespace, width
         "planned_update": int(plan.update.total),
         "planned_scoring": int(plan.scoring.total),
         "planned_scoring_pass": plan.scoring_pass,
+        "planned_update_moment": plan.update_moment,
     }
 
 
@@ -532,8 +536,8 @@ def print_phases(name: str, r: dict) -> None:
     measured = "  ".join(f"{k} {v / MB:.0f}" for k, v in sorted(r["phase_peaks"].items()))
     print(
         f"  {name} phases (MiB, measured): {measured}; planned: update "
-        f"{r['planned_update'] / MB:.0f}, scoring ({r['planned_scoring_pass']}) "
-        f"{r['planned_scoring'] / MB:.0f}",
+        f"({r['planned_update_moment']}) {r['planned_update'] / MB:.0f}, "
+        f"scoring ({r['planned_scoring_pass']}) {r['planned_scoring'] / MB:.0f}",
         flush=True,
     )
     if "live_at_peak" in r:
@@ -581,7 +585,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "then come from it)",
     )  # fmt: skip
     parser.add_argument(
-        "--optimizer-impl", default="auto", choices=["auto", "fused", "foreach", "for_loop"],
+        "--optimizer-impl", default="auto", choices=get_args(OptimizerImpl),
         help="learner.optimizer_impl of every setting",
     )  # fmt: skip
     parser.add_argument(
@@ -594,9 +598,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         args.hidden, args.layers, args.groups = 384, 4, 4
         args.prompt_len, args.response_len = 16, 64
         args.micro_batch_tokens, args.logprob_chunk_tokens = 256, 128
+    args.model_fields = None
     if args.model_config is not None:
-        fields = json.loads(args.model_config.read_text())
-        args.hidden, args.vocab = fields["hidden_size"], fields["vocab_size"]
+        args.model_fields = json.loads(args.model_config.read_text())
+        args.hidden, args.vocab = args.model_fields["hidden_size"], args.model_fields["vocab_size"]
     return args
 
 
