@@ -79,7 +79,7 @@ def report_blocks(page: Page, *, default_title: str) -> list[Block]:
     title = f"Comparison report: {', '.join(names) or default_title}"
     # Findings first: what the statistics support, before how the numbers were made.
     blocks = [Block("h1", title), *findings.blocks(page), Block("p", overview(scores, config))]
-    notes = warnings(scores, config)
+    notes = warnings(scores, config) + ([page.software_note] if page.software_note else [])
     if notes:
         blocks += [Block("h2", "Warnings"), Block("list", items=notes)]
     # Methods cite only what the report shows: a section left out (no data, or no axis to vary)

@@ -20,6 +20,7 @@ import yaml
 from analysis.eval_tables import stack_evals, trial_evals
 from contract import metrics as mn
 from contract import step_tables
+from contract.environment import mixed_line
 from contract.layout import METRICS_DIR, TRIAL_JSON, TRIALS_DIR, ExperimentPaths, TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
 from contract.trial import TrialStatus
@@ -50,6 +51,9 @@ class Experiment:
     # The directory holding the trial directories (`trial_name`s): a section that reads a few
     # rows of a big per-trial table (the rollout log) reads them there, not all at load time.
     trials_root: Path | None = None
+    # One line when the trials were made under different locks or package versions
+    # (`contract.environment.mixed_line`), None when they agree.
+    software_note: str | None = None
 
 
 def trials_dir(root: Path) -> Path:
@@ -196,6 +200,7 @@ def _status_problems(row: dict) -> list[str]:
 def load_experiment(root: Path) -> Experiment:
     """Load every trial under `root`; never raises for a single bad trial."""
     trial_rows, metric_frames, problems, evals = [], [], [], {}
+    provenances = {}
     for trial_dir in sorted(p for p in trials_dir(root).iterdir() if p.is_dir()):
         blank = {"trial_name": trial_dir.name, "arm": None, "seed": None, "lag": None}
         try:
@@ -210,6 +215,7 @@ def load_experiment(root: Path) -> Experiment:
         last = float(frame[mn.STEP].max()) if len(frame) else math.nan
         row = _trial_row(stored, trial_dir.name, last, _resolved_config(trial_dir))
         trial_rows.append(row)
+        provenances[trial_dir.name] = stored.provenance
         keys = {k: row[k] for k in ("trial_name", "arm", "seed", "lag", "status")}
         no_evals = len(frame) and (
             mn.EVAL_PASS_RATE not in frame.columns or frame[mn.EVAL_PASS_RATE].isna().all()
@@ -225,7 +231,10 @@ def load_experiment(root: Path) -> Experiment:
     metrics = tidy_frame(metric_frames)
     problem_frame = pd.DataFrame(problems, columns=PROBLEM_COLUMNS)
     problem_frame = problem_frame.astype({"seed": "Int64", "lag": "Int64"})
-    return Experiment(trials, metrics, problem_frame, stack_evals(evals), trials_dir(root))
+    software = mixed_line(provenances, f"the {len(provenances)} trials")
+    return Experiment(
+        trials, metrics, problem_frame, stack_evals(evals), trials_dir(root), software
+    )
 
 
 def tidy_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:

@@ -38,6 +38,7 @@ class ReportResult:
     summary: pd.DataFrame
     problems: pd.DataFrame
     parent_run_id: str | None = None  # set by build_report_from_mlflow
+    software_note: str | None = None  # the trials ran under different software (one line)
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,14 @@ def build_report(
     figure_paths = (
         draw_figures(analysis, config, out_dir / "figures") if config.make_figures else {}
     )
-    page = Page(analysis.summary, figure_paths, config, analysis.inputs.scores, experiment.problems)
+    page = Page(
+        analysis.summary,
+        figure_paths,
+        config,
+        analysis.inputs.scores,
+        experiment.problems,
+        experiment.software_note,
+    )
     blocks = report_blocks(page, default_title=root.resolve().name)
     title = blocks[0].text
     md_path, html_path = out_dir / "report.md", out_dir / "report.html"
@@ -131,4 +139,5 @@ def build_report(
         figure_paths,
         analysis.summary,
         experiment.problems,
+        software_note=experiment.software_note,
     )

@@ -274,6 +274,8 @@ def report(
                 "--tracking-uri or set MLFLOW_TRACKING_URI"
             )
         result = build_report_from_mlflow(uri, source, out or Path("report") / source)
+    if result.software_note:
+        console.print(f"[yellow]warning:[/] {result.software_note}", highlight=False)
     console.print(f"report: {result.markdown_path}\nhtml:   {result.html_path}", highlight=False)
 
 

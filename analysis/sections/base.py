@@ -83,6 +83,7 @@ class Page:
     config: ReportConfig
     scores: pd.DataFrame  # one row per trial (trial_scores.score_trials)
     problems: pd.DataFrame  # loading.Experiment.problems: trials listed, never raised
+    software_note: str | None = None  # loading.Experiment.software_note: a warning when set
 
     @property
     def any_scored(self) -> bool:

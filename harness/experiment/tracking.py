@@ -29,6 +29,7 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from contract.environment import lock_label
 from contract.layout import PARENT_TAG
 from contract.record import TrialRecordError, read_trial_record
 from contract.trial import LaunchStatus
@@ -119,6 +120,9 @@ def _provenance_tags(facts: dict[str, Any]) -> dict[str, Any]:
     for name in KEY_PACKAGES:
         if name in packages:
             tags[f"pkg.{name}"] = packages[name]
+    tags["lock"] = (
+        lock_label(facts) or "unknown"
+    )  # `lock cpu@<sha256 of locks/cpu.txt>`, or no lock
     for key in ("platform", "python", "cpu_count", "cuda_available", "gpus"):
         if key in hardware:
             tags[f"hardware.{key}"] = hardware[key]

@@ -17,6 +17,7 @@ import pandas as pd
 import yaml
 
 from contract.durable import file_digest
+from contract.environment import resume_line
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record, write_trial_record
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
@@ -186,10 +187,26 @@ def prepare_trial(
         started_at=(previous and previous.started_at) or datetime.now(UTC).isoformat(),
         finished_at=None,
         resumed=resume,
-        provenance=provenance(),
+        provenance=_provenance_of_attempt(previous if resume else None),
     )
     write_trial_record(paths.root, record)
     return record
+
+
+def _provenance_of_attempt(previous: TrialRecord | None) -> dict[str, Any]:
+    """This attempt's provenance. A resumed trial whose software changed since it began says so
+    in one line (`contract.environment.resume_line`), and its record keeps every such line
+    (`software_changes`): its metrics came from more than one environment."""
+    facts = provenance()
+    earlier = (previous.provenance or {}) if previous else {}
+    changes = list(earlier.get("software_changes", []))
+    line = resume_line(earlier, facts) if previous else None
+    if line:
+        print(f"warning: {line}", flush=True)
+        changes.append(line)
+    if changes:
+        facts["software_changes"] = changes
+    return facts
 
 
 def _previous_record(paths: TrialPaths) -> TrialRecord | None:

@@ -184,7 +184,7 @@ HARNESS_LAYERS = [
     ("storage", "models"),
     ("launch", "tasks"),
     ("config", "file_lock", "provenance", "signals"),
-    ("overrides", "seeds", "cpu_lists", "staleness_regimes"),
+    ("overrides", "seeds", "cpu_lists", "staleness_regimes", "lockfile"),
 ]
 
 

@@ -1,26 +1,37 @@
 """Micro-batches and chunked log-probs through the real learner step: two steps of a tiny model
-with `learner.micro_batch_tokens` (and `learner.logprob_chunk_tokens`) give the weights, gradient
-norms and metrics of the same steps without them, up to float rounding."""
+with `learner.micro_batch_tokens` (and `learner.logprob_chunk_tokens`) give the gradients, weights,
+gradient norms and metrics of the same steps without them, up to float rounding bounded by the
+computation (tests/learner/float_bounds.py), update by update (tests/learner/lockstep.py: the run
+with micro-batches takes each update from the weights and AdamW state of the run without)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from buffer.collate import collate
+from contract import metrics as M
 from learner.config import LearnerConfig, make_arm
+from learner.runtime import minibatch
 from learner.runtime.models import build_step_models
 from learner.runtime.step import DivergenceError, train_on_batch
 from learner.runtime.update import micro_batches
+from tests.learner.float_bounds import TERM_SCALE, backward_chain, forward_chain, reorder_tol
+from tests.learner.lockstep import Update, check_lockstep, recording
 from tests.learner.tiny import random_groups, save_tiny_policy
 
 GROUP_SIZE = 4
+PROMPTS = 4
+MINIBATCHES = 2
 # random_groups: prompts of 2-4 tokens, responses of 1-5, so rows of 3-9 real tokens; 8 padded
 # tokens per micro-batch puts 1-2 rows in each (a 9-token row alone, over the budget).
 BUDGET = 8
-LR = 5e-4  # 8 AdamW updates move weights by up to 4e-3; float rounding moves them < 1e-6
+LR = 5e-4  # 8 AdamW updates move weights by up to 4e-3
 ARMS = {
     "grpo": {"objective": "grpo"},
     "dapo": {"objective": "grpo", "agg": "token-mean", "beta": 0.04},
@@ -34,23 +45,76 @@ ARMS = {
 # it draws other tokens (objective-level exactness: tests/learner/test_micro_batch.py).
 
 
-def two_steps(model_dir, arm_settings: dict, **options: object):
-    """(policy and critic parameters, grad norms, metrics of both steps) after two steps."""
+def batches() -> list:
+    """The two steps' batches."""
+    return [collate(random_groups(PROMPTS, GROUP_SIZE, seed=step), pad_id=0) for step in (0, 1)]
+
+
+class Steps(NamedTuple):
+    """Two steps' policy and critic parameters, grad norms and metrics, and every AdamW update
+    of each module (`lockstep.Recorder`: policy, then the critic if any)."""
+
+    params: list[torch.Tensor]
+    norms: list[float]
+    metrics: list[dict[str, float]]
+    updates: list[list[Update]]
+
+
+def two_steps(
+    model_dir: Path, arm_settings: dict, *, follow: Steps | None = None, **options: object
+) -> Steps:
+    """Two steps of `arm_settings` with the learner `options`; with `follow`, in lockstep with
+    that run (each update starts from its weights and AdamW state)."""
     arm = make_arm(name="arm", **arm_settings)
-    settings = {"prompts_per_step": 4, "minibatches": 2, "ppo_epochs": 2, "lr": LR}
+    settings = {
+        "prompts_per_step": PROMPTS,
+        "minibatches": MINIBATCHES,
+        "ppo_epochs": 2,
+        "lr": LR,
+    }
     cfg = LearnerConfig(old_logprobs="recompute", **settings, **options)
     models = build_step_models(model_dir, arm, cfg, total_steps=2)
+    modules = [models.policy] + ([models.value] if models.value else [])
     norms, metrics = [], []
-    for step in range(2):
-        batch = collate(random_groups(4, GROUP_SIZE, seed=step), pad_id=0)
-        result = train_on_batch(
-            models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
-        )
-        norms += result.grad_norms
-        metrics.append(result.metrics)
-    modules = [models.policy.module] + ([models.value.module] if models.value else [])
-    params = [p.detach().clone() for m in modules for p in m.parameters()]
-    return params, norms, metrics
+    with recording(modules, None if follow is None else follow.updates) as recorders:
+        for step, batch in enumerate(batches()):
+            result = train_on_batch(
+                models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=step
+            )
+            norms += result.grad_norms
+            metrics.append(result.metrics)
+    params = [p.detach().clone() for m in modules for p in m.module.parameters()]
+    updates = [recorder.updates for recorder in recorders]
+    assert [u.norm for u in updates[0]] == norms  # the recorder saw the step's gradients
+    return Steps(params, norms, metrics, updates)
+
+
+def assert_same_steps(model_dir: Path, plain: Steps, split: Steps) -> None:
+    """`split` (which followed `plain`) computed every update's gradients, norms and weights,
+    and both steps' metrics, within the bounds of the computation."""
+    config = AutoConfig.from_pretrained(model_dir)
+    width = max(batch.input_ids.shape[1] for batch in batches())
+    # A gradient coordinate sums per-token terms over the minibatch's positions (rows x width),
+    # each through one token's forward and backward chain; the parts' sum regroups the same terms.
+    positions = PROMPTS // MINIBATCHES * GROUP_SIZE * width
+    n = positions + forward_chain(config, width) + backward_chain(config, width)
+    names = ["policy", "critic"][: len(plain.updates)]
+    for name, a, b in zip(names, plain.updates, split.updates, strict=True):
+        check_lockstep(a, b, n=n, max_norm=LearnerConfig().grad_clip, what=name)
+    # A metric is a mean (or max, min) over the step batch's positions of per-token terms of
+    # the forward chain (a loss reduced with the whole minibatch's totals: the same sum), of
+    # magnitude <= TERM_SCALE: two orders differ by reorder_tol(n, TERM_SCALE + |value|).
+    n = PROMPTS * GROUP_SIZE * width + forward_chain(config, width)
+    for split_metrics, whole in zip(split.metrics, plain.metrics, strict=True):
+        assert split_metrics.keys() == whole.keys()
+        for key, value in whole.items():
+            if key.startswith("perf/") or math.isnan(value):
+                assert key.startswith("perf/") or math.isnan(split_metrics[key]), key
+                continue
+            if key == M.OPTIM_GRAD_NORM:  # the mean of the norms check_lockstep compared
+                continue
+            tol = reorder_tol(n, TERM_SCALE + abs(value))
+            assert abs(split_metrics[key] - value) <= tol, (key, split_metrics[key], value, tol)
 
 
 def test_the_budget_makes_several_micro_batches_with_a_row_over_it() -> None:
@@ -68,24 +132,36 @@ def test_the_budget_makes_several_micro_batches_with_a_row_over_it() -> None:
 )
 def test_micro_batches_train_the_same_weights(tmp_path, name: str, options: dict) -> None:
     model_dir = save_tiny_policy(tmp_path / "model")
-    plain_params, plain_norms, plain_metrics = two_steps(model_dir, ARMS[name])
-    params, norms, metrics = two_steps(model_dir, ARMS[name], **options)
-    moved = max(float((a - b).abs().max()) for a, b in zip(params, plain_params, strict=True))
-    assert moved <= 1e-6, moved
-    torch.testing.assert_close(norms, plain_norms, rtol=1e-5, atol=1e-6)
-    for split, whole in zip(metrics, plain_metrics, strict=True):
-        assert split.keys() == whole.keys()
-        for key, value in whole.items():
-            if key.startswith("perf/") or math.isnan(value):
-                assert key.startswith("perf/") or math.isnan(split[key]), key
-                continue
-            assert split[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    plain = two_steps(model_dir, ARMS[name])
+    split = two_steps(model_dir, ARMS[name], follow=plain, **options)
+    assert len(plain.updates[0]) == 8  # 2 steps x 2 epochs x 2 minibatches
+    assert_same_steps(model_dir, plain, split)
+
+
+def test_a_dropped_micro_batch_breaks_the_bounds(tmp_path, monkeypatch) -> None:
+    """The bounds above are tight enough to matter: a learner that loses one micro-batch's
+    gradient (the last part's loss scaled by 0 before its backward) fails them."""
+    model_dir = save_tiny_policy(tmp_path / "model")
+    plain = two_steps(model_dir, ARMS["grpo"])
+    original = minibatch.accumulate
+
+    def dropping_the_last(opt, parts, part_loss, **kwargs):
+        def without_the_last(part):
+            loss, kept = part_loss(part)
+            return (loss * 0.0 if part is parts[-1] else loss), kept
+
+        return original(opt, parts, without_the_last, **kwargs)
+
+    monkeypatch.setattr(minibatch, "accumulate", dropping_the_last)
+    split = two_steps(model_dir, ARMS["grpo"], follow=plain, micro_batch_tokens=BUDGET)
+    with pytest.raises(AssertionError, match="gradient"):
+        assert_same_steps(model_dir, plain, split)
 
 
 def test_the_steps_move_the_weights(tmp_path) -> None:
-    """The comparison above is between trained weights (moved by ~4e-3), not initial ones."""
+    """The updates compared above train: two steps move the weights by ~4e-3."""
     model_dir = save_tiny_policy(tmp_path / "model")
-    trained, _, _ = two_steps(model_dir, ARMS["grpo"], micro_batch_tokens=BUDGET)
+    trained = two_steps(model_dir, ARMS["grpo"], micro_batch_tokens=BUDGET).params
     arm = make_arm(name="a", objective="grpo")
     initial = build_step_models(model_dir, arm, LearnerConfig(), 1).policy.module.parameters()
     moved = (float((a - b.detach()).abs().max()) for a, b in zip(trained, initial, strict=True))

@@ -98,10 +98,12 @@ def gspo_token_loss(batch: PolicyBatch, settings: PolicySettings) -> PolicyTerms
     log_ratio, mask = batch.log_ratio, batch.mask
     clamped = log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     seq_log_ratio = clamped.sum(-1) / batch.lengths.clamp_min(1)  # (B,)  sg[log s_i]
-    # log s_i,t = sg[log s_i] + log pi - sg[log pi]; l_t - sg[l_t] stands in for the last two
-    # terms because pi_old is a constant. Its value is exactly 0, so s_i,t == s_i bit for bit.
+    # log s_i,t = sg[log s_i] + log pi - sg[log pi], the last two terms from the masked float32
+    # log-probs themselves: exactly 0 for any finite log-prob, so s_i,t == s_i bit for bit, with
+    # l_t's gradient (l_t - sg[l_t] gave the same bits, but NaN where l_t = lp - old overflows).
     seq_log_ratio_t = torch.where(mask, seq_log_ratio[:, None], 0.0)  # (B, T)  0 off the mask
-    token_log_ratio = seq_log_ratio_t + (log_ratio - log_ratio.detach())  # (B, T)
+    live = torch.where(mask, batch.logprobs.float(), 0.0)  # (B, T)  log pi, 0 off the mask
+    token_log_ratio = seq_log_ratio_t + (live - live.detach())  # (B, T)
     return _token_terms(batch, token_log_ratio, settings, "seq-mean-token-mean")
 
 
