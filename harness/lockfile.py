@@ -18,6 +18,7 @@ import hashlib
 import json
 import re
 import sys
+import sysconfig
 import tomllib
 from dataclasses import dataclass
 from importlib import metadata
@@ -120,10 +121,14 @@ def file_digest(lock: Path) -> str:
 
 
 def installed_versions() -> dict[str, str]:
-    """Every distribution of this interpreter's environment (the project itself excluded), by
-    canonical name: what `pip freeze --all` lists."""
+    """Every distribution installed in this interpreter's environment (the project itself
+    excluded), by canonical name: what `pip freeze --all` lists. Read from the environment's
+    site-packages, not sys.path: an imported package may put its vendored copies there (ray
+    adds its `thirdparty_files`, holding a colorama the venv never installed)."""
+    paths = sysconfig.get_paths()
+    site_packages = list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
     versions = {}
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=site_packages):
         name = dist.metadata["Name"]
         if name and canonical_name(name) != PROJECT:
             versions[canonical_name(name)] = dist.version

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from contract import metrics as M
 from learner.runtime.update import Optimised
-from tests.learner.float_bounds import U32, gamma, reorder_tol
+from tests.learner.float_bounds import TERM_SCALE, U32, gamma, reorder_tol
 
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_: clip_coef = max_norm / (total_norm + 1e-6)
 
@@ -259,3 +260,23 @@ def check_lockstep(
                 f"{where}: weight {k}[{worst}] moved {float(diff.flatten()[worst]):.3g} > "
                 f"{float(bound.flatten()[worst]):.3g}"
             )
+
+
+def check_step_metrics(
+    split: list[dict[str, float]], whole: list[dict[str, float]], n: int
+) -> None:
+    """Each step's metrics of two orders agree within the bound of their computation: a metric
+    is a mean (or max, min) over n summed terms of per-token values of the forward chain, of
+    magnitude <= TERM_SCALE, so two orders differ by reorder_tol(n, TERM_SCALE + |value|).
+    `perf/*` (the machine's) and NaN metrics must be NaN alike; the gradient norm is left to
+    `check_lockstep`, which bounds the norms themselves."""
+    for split_metrics, whole_metrics in zip(split, whole, strict=True):
+        assert split_metrics.keys() == whole_metrics.keys()
+        for key, value in whole_metrics.items():
+            if key.startswith("perf/") or math.isnan(value):
+                assert key.startswith("perf/") or math.isnan(split_metrics[key]), key
+                continue
+            if key == M.OPTIM_GRAD_NORM:  # the mean of the norms check_lockstep compared
+                continue
+            tol = reorder_tol(n, TERM_SCALE + abs(value))
+            assert abs(split_metrics[key] - value) <= tol, (key, split_metrics[key], value, tol)
