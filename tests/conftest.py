@@ -38,7 +38,6 @@ from hypothesis import settings as hypothesis_settings
 
 from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
-from tests.schedule_order import longest_modules_first, module_seconds
 
 hypothesis_settings.register_profile("derandomized", derandomize=True, database=None)
 hypothesis_settings.register_profile("random", derandomize=False)
@@ -61,21 +60,9 @@ if (suite_threads := _suite_threads()) is not None:
     torch._C.set_num_threads(suite_threads)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    """Under `--dist loadscope`, hand modules out in `schedule_order`'s order (longest first),
-    not xdist's default (most tests first)."""
-    if hasattr(config.option, "loadscopereorder"):
-        config.option.loadscopereorder = False
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    longest_modules_first(items, module_seconds())
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """`TESTS_TIMING_LOG=FILE`: one JSON line per test phase (node id, seconds, when it ended),
-    written by the controller alone; `python -m tests.schedule_order FILE` turns it into
-    `tests/module_seconds.json`."""
+    written by the controller alone; `python -m tests.timing_log FILE` sums it up."""
     log = os.environ.get("TESTS_TIMING_LOG")
     if not log or os.environ.get("PYTEST_XDIST_WORKER"):
         return
