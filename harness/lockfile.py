@@ -163,18 +163,24 @@ def venv_differences(pins: dict[str, Pin], installed: dict[str, str]) -> list[st
     return out
 
 
-def matching_lock(installed: dict[str, str]) -> tuple[str, Path] | None:
-    """The lock (name, path) this environment was installed from: the one it departs least from,
-    or None when no lock is there (an installed wheel without the repository's locks/)."""
-    scored = []
-    for name in LOCK_EXTRAS:
-        path = LOCK_DIR / f"{name}.txt"
-        if path.is_file():
-            scored.append((len(venv_differences(read_pins(path), installed)), name, path))
-    if not scored:
-        return None
-    _, name, path = min(scored)
-    return name, path
+@dataclass(frozen=True)
+class LockMatch:
+    """The lock an environment was installed from, and how the environment departs from it."""
+
+    name: str
+    path: Path
+    departures: list[str]
+
+
+def matching_lock(installed: dict[str, str]) -> LockMatch | None:
+    """The lock this environment was installed from: the one it departs least from, with those
+    departures; None when no lock is there (an installed wheel without the repository's locks/)."""
+    matches = [
+        LockMatch(name, path, venv_differences(read_pins(path), installed))
+        for name in LOCK_EXTRAS
+        if (path := LOCK_DIR / f"{name}.txt").is_file()
+    ]
+    return min(matches, key=lambda m: (len(m.departures), m.name), default=None)
 
 
 def _main(argv: list[str]) -> int:

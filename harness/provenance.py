@@ -16,8 +16,6 @@ from harness.lockfile import (
     file_digest,
     installed_versions,
     matching_lock,
-    read_pins,
-    venv_differences,
 )
 from learner.config.plugin_records import LOADED, loaded_plugins
 
@@ -80,9 +78,7 @@ def lock_state(installed: dict[str, str]) -> dict[str, object] | None:
     match = matching_lock(installed)
     if match is None:
         return None
-    name, path = match
-    departures = venv_differences(read_pins(path), installed)
-    return {"name": name, "sha256": file_digest(path), "departures": departures}
+    return {"name": match.name, "sha256": file_digest(match.path), "departures": match.departures}
 
 
 # The device nodes through which every process reaches a GPU: NVIDIA's control device (bare

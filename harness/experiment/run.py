@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from contract.environment import mixed_line
 from contract.layout import ExperimentPaths
 from contract.trial import LaunchStatus
 from harness.config import ExperimentConfig, resolved_dump
@@ -28,6 +27,7 @@ from harness.executors.base import TrialPool
 from harness.executors.local import warm_plan
 from harness.experiment.grid import TrialOnDisk, classify_trials, expand_trials, experiment_dir
 from harness.experiment.progress import ExperimentProgress
+from harness.experiment.software import launch_software_line
 from harness.experiment.tracking import Tracker, open_tracker
 from harness.launch.trials import (
     CommandBuilder,
@@ -37,7 +37,6 @@ from harness.launch.trials import (
     trial_command,
 )
 from harness.launch.warm_slots import WarmSlots
-from harness.provenance import provenance
 from harness.signals import forward_signals
 from harness.storage.experiment_storage import publish_working_copy
 from harness.storage.remote_tree import StorageError
@@ -157,25 +156,6 @@ def _plan(
     return queue
 
 
-def _warn_of_other_software(
-    trials: list[TrialOnDisk], console: Console, result: ExperimentResult
-) -> None:
-    """One warning when trials on disk (finished, or to be resumed) were made under another
-    lock or other package versions than this launch has (`contract.environment`)."""
-    earlier = {
-        trial.spec.trial_name: trial.record.provenance
-        for trial in trials
-        if trial.record is not None and trial.record.provenance
-    }
-    if not earlier:
-        return
-    launch = {"this launch": provenance()}
-    text = mixed_line({**earlier, **launch}, "the trials on disk and this launch")
-    if text:
-        result.warnings.append(text)
-        console.print(f"[yellow]warning:[/] {text}", highlight=False)
-
-
 def _record_exit(
     done: TrialExit,
     result: ExperimentResult,
@@ -289,7 +269,9 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
         specs = expand_trials(cfg, out_dir)
         trials = classify_trials(specs, cfg.config_hash(), per_trial)
         queue = _plan(trials, console, result)
-        _warn_of_other_software(trials, console, result)
+        if software := launch_software_line(trials):
+            result.warnings.append(software)
+            console.print(f"[yellow]warning:[/] {software}", highlight=False)
         if stage is None:
             tracker = open_tracker(cfg, out_dir)  # fails fast on a bad store, before any trial
             tracker.start_experiment(cfg, config_path, overrides, steps)

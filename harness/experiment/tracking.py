@@ -120,9 +120,8 @@ def _provenance_tags(facts: dict[str, Any]) -> dict[str, Any]:
     for name in KEY_PACKAGES:
         if name in packages:
             tags[f"pkg.{name}"] = packages[name]
-    tags["lock"] = (
-        lock_label(facts) or "unknown"
-    )  # `lock cpu@<sha256 of locks/cpu.txt>`, or no lock
+    # `lock cpu@<sha256 of locks/cpu.txt>`, `no lock`, or unknown (a record from before locks)
+    tags["lock"] = lock_label(facts) or "unknown"
     for key in ("platform", "python", "cpu_count", "cuda_available", "gpus"):
         if key in hardware:
             tags[f"hardware.{key}"] = hardware[key]

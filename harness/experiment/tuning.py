@@ -21,7 +21,6 @@ and every tuning trial's score are written to `<out>/tuning/selection.json` and
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -31,13 +30,12 @@ import pandas as pd
 import yaml
 from rich.console import Console
 
-from contract.environment import mixed_line
-from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION, ExperimentPaths
-from contract.record import TrialRecordError, read_trial_record
+from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
 from contract.tuning import ArmSelection, TriedConfiguration, TuningSelection, ValidationSet
 from harness.config import ExperimentConfig, resolved_dump, validate_config
 from harness.config_tuning import TuningConfig, tuned_arm_name
 from harness.experiment.run import ExperimentResult, Stage, run_experiment
+from harness.experiment.software import stages_software_line
 from harness.experiment.tracking import open_tracker
 from harness.launch.trials import CommandBuilder, trial_command
 from harness.overrides import ConfigError
@@ -257,20 +255,6 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
         return result
     finally:
         tracker.end_experiment(status)
-
-
-def stages_software_line(root: Path, tuning_dir: Path) -> str | None:
-    """One line when the tuning trials (which made the selection) and the final trials (which
-    compare the selected arms) were made under different locks or package versions."""
-    provenances = {}
-    for stage, directory in (("tuning", tuning_dir), ("final", root)):
-        trials = ExperimentPaths(directory).trials
-        for trial_dir in sorted(trials.iterdir()) if trials.is_dir() else []:
-            with contextlib.suppress(OSError, TrialRecordError):
-                record = read_trial_record(trial_dir)
-                if record is not None:
-                    provenances[f"{stage}/{trial_dir.name}"] = record.provenance
-    return mixed_line(provenances, "the tuning and final trials")
 
 
 def _command(path: Path, steps: int | None, prefix: Sequence[str] | None) -> CommandBuilder:
