@@ -14,7 +14,9 @@ version this process already saw with no rewind since, means Redis lost the run'
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass
 
 import redis
 from redis.connection import AbstractConnection
@@ -44,6 +46,16 @@ _LOST = "RUNSTATELOST"
 DEFAULT_POLL_S = 1.0
 
 
+@dataclass(frozen=True)
+class Known:
+    """What a process knew of the registry at one moment: the version (None: nothing yet), the
+    run's timeline number then, and how it learnt the version (for the error message)."""
+
+    version: int | None
+    timeline: int
+    how: str
+
+
 class RunStateWatch:
     """The newest policy version this process knows Redis holds for one run, and the check that
     Redis still holds it.
@@ -53,49 +65,70 @@ class RunStateWatch:
     Redis that restarted empty fails the reconnect that follows the restart, whatever the component
     was doing (a learner blocked on the stream, a generator waiting for a version), instead of the
     component waiting forever on a recreated, empty consumer group or registry.
+
+    Threads share it (the learner publishes on its writer thread while its main thread reads),
+    so a read is checked against what was known when it *began* (`snapshot`): a version this
+    process published while the read was in flight is no evidence against what the read saw.
     """
 
     def __init__(self, run_id: str):
         self._keys = RunKeys(run_id)
+        self._lock = threading.Lock()
         self.known: int | None = None
         self.known_timeline = 0  # the run's timeline number when `known` was seen
         self._how = ""  # how `known` became known, for the error message
 
+    def snapshot(self) -> Known:
+        """What is known now: take it before a read, check the read against it."""
+        with self._lock:
+            return Known(self.known, self.known_timeline, self._how)
+
     def saw(self, version: int, how: str) -> None:
         """Record that Redis held `version` (`how` completes "the registry is empty, but ...")."""
-        if self.known is None or version > self.known:
-            self.known, self._how = version, how
+        with self._lock:
+            if self.known is None or version > self.known:
+                self.known, self._how = version, how
 
     def rewound(self, version: int, timeline: int, how: str) -> None:
         """A rewind (timeline number `timeline`) moved the registry back to `version`: what this
         process saw before it is no evidence of a lost state any more."""
+        with self._lock:
+            self._rewound(version, timeline, how)
+
+    def _rewound(self, version: int, timeline: int, how: str) -> None:
         if timeline > self.known_timeline:
             self.known, self.known_timeline, self._how = version, timeline, how
 
-    def check(self, found: int | None, timeline: int | None = None) -> None:
-        """RunStateLostError if the registry's version `found` (None: empty) is behind `known`,
-        unless the run's timeline number `timeline` says a rewind happened since (then the
-        rewound version is what is known from now on)."""
-        if found is not None and timeline is not None and timeline > self.known_timeline:
-            self.rewound(found, timeline, f"this process already read v{found} after a rewind")
-            return
-        if self.known is None or (found is not None and found >= self.known):
+    def check(
+        self, found: int | None, timeline: int | None = None, before: Known | None = None
+    ) -> None:
+        """RunStateLostError if the registry's version `found` (None: empty) is behind what was
+        known `before` the read began (default: what is known now), unless the run's timeline
+        number `timeline` says a rewind happened since (then the rewound version is what is
+        known from now on)."""
+        with self._lock:
+            if found is not None and timeline is not None and timeline > self.known_timeline:
+                self._rewound(found, timeline, f"this process already read v{found} after a rewind")
+                return
+            basis = before or Known(self.known, self.known_timeline, self._how)
+        if basis.version is None or (found is not None and found >= basis.version):
             return
         registry = "empty" if found is None else f"at v{found}"
         raise RunStateLostError(
             lost_state_message(
-                self._keys.run_id, f"its policy-version registry is {registry}, but {self._how}"
+                self._keys.run_id, f"its policy-version registry is {registry}, but {basis.how}"
             )
         )
 
     def check_connection(self, connection: AbstractConnection) -> None:
         """For connect(check_connection=...): read the registry on a fresh connection."""
-        if self.known is None:
+        before = self.snapshot()
+        if before.version is None:
             return  # nothing known yet: an empty Redis is a run that has not started
         connection.send_command("GET", self._keys.version)
         connection.send_command("LLEN", self._keys.rewinds)
         raw, timeline = connection.read_response(), connection.read_response()
-        self.check(None if raw is None else int(raw), int(timeline))
+        self.check(None if raw is None else int(raw), int(timeline), before)
 
 
 class InitialWeightsMismatchError(RuntimeError):
@@ -133,7 +166,8 @@ class VersionRegistry:
         if version < 0:
             raise ValueError(f"policy version {version} must be >= 0")
         k = self._keys
-        known = -1 if self.watch.known is None else self.watch.known
+        before = self.watch.snapshot()
+        known = -1 if before.version is None else before.version
         try:
             self._publish(
                 keys=[k.version, k.version_locations],
@@ -142,7 +176,7 @@ class VersionRegistry:
         except redis.ResponseError as exc:
             if str(exc).startswith(_LOST):
                 found = int(str(exc).split()[1])
-                self.watch.check(None if found < 0 else found)
+                self.watch.check(None if found < 0 else found, before=before)
             raise ValueError(
                 f"run {k.run_id!r}: cannot publish policy version {version}: {exc}; a learner "
                 "resuming from a checkpoint must publish its checkpoint's version or later"
@@ -211,12 +245,13 @@ class VersionRegistry:
     def _read_version(self) -> int | None:
         """The registry's version, checked against the watch with the run's timeline number
         (read in the same round trip: a rewind moves both in one script)."""
+        before = self.watch.snapshot()  # a version published while the read is out: no evidence
         pipe = self._client.pipeline(transaction=True)
         pipe.get(self._keys.version)
         pipe.llen(self._keys.rewinds)
         raw, timeline = pipe.execute()
         found = None if raw is None else int(raw)
-        self.watch.check(found, int(timeline))
+        self.watch.check(found, int(timeline), before)
         return found
 
     def timeline(self) -> Timeline:

@@ -221,3 +221,36 @@ def test_resume_does_not_republish_a_version_a_bounded_rewind_withdrew(
     rewind_bounded(client, RUN_ID, 2, [])
     require_checkpoint_version(VersionRegistry(client, RUN_ID), paths)
     assert registry.current() == (2, "/weights/v2")
+
+
+def test_a_read_racing_this_process_own_publish_is_not_a_lost_state(
+    server: EmbeddedRedis,
+) -> None:
+    """The learner publishes on its writer thread while its main thread reads the registry: a
+    read that left before v(k) was published may come back with v(k-1) after the writer has
+    recorded v(k). That is the order of events, not a Redis that lost the run (it once failed a
+    trial: 'registry is at v0, but this process published v1')."""
+    _, registry = _component(server.url)
+    registry.publish(0, "v0")
+    stop, failures = threading.Event(), []
+
+    def read_while_publishing() -> None:
+        try:
+            while not stop.is_set():
+                registry.latest()
+        except RunStateLostError as exc:  # pragma: no cover - the bug this pins
+            failures.append(exc)
+
+    reader = threading.Thread(target=read_while_publishing)
+    reader.start()
+    try:
+        for version in range(1, 400):
+            registry.publish(version, f"v{version}")
+    finally:
+        stop.set()
+        reader.join()
+    assert failures == []
+    # A registry truly behind what this process knew still fails at once.
+    registry.watch.saw(1000, "this process published v1000")
+    with pytest.raises(RunStateLostError, match="at v399, but this process published v1000"):
+        registry.latest()
