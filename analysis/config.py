@@ -51,6 +51,17 @@ class ReportConfig(BaseModel):
         description="Two-sided significance level for tests, the power analysis and the "
         "'cannot reach significance' notes.",
     )
+    equivalence_margin: float = Field(
+        default=0.02,
+        gt=0.0,
+        lt=1.0,
+        description="Margin delta (score units: pass rate, for the final score and the AUC) of "
+        "the equivalence and non-inferiority tests: 'X is not worse than Y by more than delta'. "
+        "0.02 = 2 points of pass rate: well under the effects a staleness or algorithm study is "
+        "run to find (AReaL's naive PPO lost 19 points at staleness 4), and a few times the SD "
+        "of paired seed differences on the shipped 256-prompt evals (about 0.005-0.01), so 5 "
+        "seeds can establish it when the arms are truly alike. Name your own for your task.",
+    )
     target_power: float = Field(
         default=0.8,
         gt=0.0,

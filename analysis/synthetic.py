@@ -46,6 +46,9 @@ class SyntheticSpec:
     seed_sd: float = 0.05  # between-seed offset shared by all arms of a seed
     noise_sd: float = 0.02  # eval noise per measurement
     lag_penalty: float = 0.02  # pass-rate loss per unit of lag
+    # Per arm, the pass-rate loss per unit of lag instead of `lag_penalty` (a correction that
+    # recovers the staleness cost: 0.0); arms not named use `lag_penalty`.
+    lag_penalties: dict[str, float] = field(default_factory=dict)
     diverged: tuple[tuple[str, int, int, int], ...] = ()  # (arm, seed, lag, step it diverged)
     failed: tuple[tuple[str, int, int], ...] = ()  # (arm, seed, lag) crashed with status failed
     mode: StalenessMode = "fixed"
@@ -87,7 +90,7 @@ def _pass_rate(
     rng: np.random.Generator,
 ) -> np.ndarray:
     offset = np.random.default_rng(1000 + seed).normal(0, spec.seed_sd)  # same for every arm
-    top = spec.skill[arm] - spec.lag_penalty * lag + offset
+    top = spec.skill[arm] - spec.lag_penalties.get(arm, spec.lag_penalty) * lag + offset
     curve = 0.1 + (top - 0.1) * (1 - np.exp(-steps / (spec.steps / 4)))
     return np.clip(curve + rng.normal(0, spec.noise_sd, len(steps)), 0, 1)
 

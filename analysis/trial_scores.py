@@ -26,6 +26,7 @@ SCORE_COLUMNS = [
     "learner_wait_frac",
     "gen_idle_frac",
     "token_lag_mean",  # versions between a response token's sampler and its learner step
+    "kl_behavior_mean",  # k3 KL of stale behaviour policies from the learner (staleness/)
     "grad_spike_rate",
     "max_kl_old",
     "clip_frac_mean",
@@ -186,6 +187,7 @@ def score_trial(
         "learner_wait_frac": reduce_metric(trial, mn.PERF_LEARNER_WAIT_FRAC, "mean"),
         "gen_idle_frac": reduce_metric(trial, mn.PERF_GEN_IDLE_FRAC, "mean"),
         "token_lag_mean": reduce_metric(trial, mn.STALENESS_TOKEN_LAG_MEAN, "mean"),
+        "kl_behavior_mean": reduce_metric(trial, mn.STALENESS_KL_BEHAVIOR, "mean"),
         "grad_spike_rate": grad_spike_rate(trial, config.spike_factor, config.spike_window),
         "max_kl_old": reduce_metric(trial, mn.POLICY_KL_OLD, "max"),
         "clip_frac_mean": reduce_metric(trial, mn.POLICY_CLIP_FRAC, "mean"),

@@ -8,6 +8,7 @@ order; a section shows nothing when it has no data.
 from __future__ import annotations
 
 from analysis.sections import (
+    claims,
     comparisons,
     compute_matched,
     corrections,
@@ -15,6 +16,7 @@ from analysis.sections import (
     eval_sets,
     final_scores,
     findings,
+    lag_effects,
     next_steps,
     samples,
     stability,
@@ -33,6 +35,8 @@ SECTIONS: tuple[Section, ...] = (
     samples,  # only when trials have a rollout log (rollouts.parquet/)
     eval_sets,
     comparisons,
+    lag_effects,  # only with a lag axis: each arm's lags against its smallest
+    claims,  # Holm over every Findings line; reads comparisons and lag_effects
     compute_matched,
     next_steps,  # reads the Power rows of `comparisons`
     stability,

@@ -4,8 +4,9 @@ tests, effects, power.
 For arms X and Y at one lag: the probability of improvement (Agarwal et al. 2021); paired
 tests over matched seeds (paired bootstrap of the mean difference, paired t-test, Wilcoxon
 signed-rank);
-unpaired Welch and Mann-Whitney tests; Holm adjustment within each (metric, test) family over
-all pairs and lags; Hedges' g and Cliff's delta; and a t-test power analysis.
+unpaired Welch and Mann-Whitney tests; the paired equivalence test (TOST) at
+`report.equivalence_margin`; Holm adjustment within each (metric, test) family over all pairs
+and lags; Hedges' g and Cliff's delta; and a t-test power analysis.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from analysis.config import ReportConfig
 from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, figure, table
 from analysis.stats import BootstrapSpec, paired_mean_difference, poi_interval
+from analysis.stats.equivalence import tost_paired
 from analysis.stats.power import power_analysis
 from analysis.stats.significance import (
     cliffs_delta,
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 TEST_METRICS = ("final_score", "auc")
-HOLM_TESTS = ("paired_t_p", "wilcoxon_p", "welch_p", "mann_whitney_p")
+HOLM_TESTS = ("paired_t_p", "wilcoxon_p", "welch_p", "mann_whitney_p", "tost_p")
 # Its summary sections: all empty when no lag has two arms.
 ROW_SECTIONS = ("probability_of_improvement", "tests_final_score", "tests_auc", "power")
 METHODS = [
@@ -47,7 +49,9 @@ METHODS = [
     "analysis plans for), Wilcoxon signed-rank (Wilcoxon 1945) and a paired bootstrap of the "
     "mean difference; unpaired: Welch's t-test (Welch 1947) and Mann-Whitney U "
     "(Mann & Whitney 1947); Holm step-down correction (Holm 1979) within each (metric, test) "
-    "family over all arm pairs and lags. Rank-test p-values are exact permutation p-values, "
+    "family over all arm pairs and lags. Equivalence: paired two one-sided t-tests (TOST, "
+    "Schuirmann 1987) of H0 |mean difference| >= report.equivalence_margin. Rank-test "
+    "p-values are exact permutation p-values, "
     "tied scores included (Mann-Whitney: exact distribution of the midrank sum over all "
     "C(n + m, n) splits, two-sided as twice the smaller tail, normal approximation only past "
     "about 50 vs 50 seeds; Wilcoxon: all 2^n sign flips up to 13 pairs, scipy). The smallest "
@@ -94,7 +98,13 @@ def poi_rows(scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
 
 
 def _pair_rows(
-    scored: pd.DataFrame, column: str, pair: tuple[int, str, str], spec: BootstrapSpec, alpha: float
+    scored: pd.DataFrame,
+    column: str,
+    pair: tuple[int, str, str],
+    spec: BootstrapSpec,
+    *,
+    alpha: float,
+    margin: float,
 ) -> list[dict]:
     """Paired and unpaired tests and effect sizes of X vs Y at one lag (section tests_<column>)."""
     lag, x, y = pair
@@ -107,6 +117,7 @@ def _pair_rows(
     wil = wilcoxon_paired(pairs["x"].to_numpy(), pairs["y"].to_numpy(), alpha)
     wel = welch(xs, ys, alpha)
     mw = mann_whitney(xs, ys, alpha)
+    tost = tost_paired(pairs["x"].to_numpy(), pairs["y"].to_numpy(), margin)
     common = {"lag": lag, "comparison": label}
     return [
         interval_row(section, "mean_diff_paired", diff, **common),
@@ -114,16 +125,17 @@ def _pair_rows(
         row(section, "wilcoxon_p", wil.p_value, n=n_pairs, note=wil.note, **common),
         row(section, "welch_p", wel.p_value, n=len(xs) + len(ys), note=wel.note or sizes, **common),
         row(section, "mann_whitney_p", mw.p_value, n=len(xs) + len(ys), note=mw.note, **common),
+        row(section, "tost_p", tost.p_value, n=n_pairs, note=tost.note, **common),
         row(section, "hedges_g", hedges_g(xs, ys), n=len(xs) + len(ys), **common),
         row(section, "cliffs_delta", cliffs_delta(xs, ys), n=len(xs) + len(ys), **common),
     ]
 
 
-def add_holm(rows: list[dict]) -> list[dict]:
+def add_holm(rows: list[dict], tests: tuple[str, ...] = HOLM_TESTS) -> list[dict]:
     """Append `<test>_holm` rows, adjusting each (section, test) family over all its rows."""
     out = list(rows)
     for section in sorted({r["section"] for r in rows}):
-        for test in HOLM_TESTS:
+        for test in tests:
             family = [r for r in rows if r["section"] == section and r["statistic"] == test]
             adjusted = holm(np.array([r["value"] for r in family]))
             for r, p in zip(family, adjusted, strict=True):
@@ -132,12 +144,14 @@ def add_holm(rows: list[dict]) -> list[dict]:
     return out
 
 
-def significance_rows(scored: pd.DataFrame, spec: BootstrapSpec, alpha: float) -> list[dict]:
+def significance_rows(
+    scored: pd.DataFrame, spec: BootstrapSpec, alpha: float, margin: float
+) -> list[dict]:
     """Sections `tests_final_score` and `tests_auc`, with Holm-adjusted p-values."""
     rows = []
     for column in TEST_METRICS:
         for pair in arm_pairs(scored):
-            rows += _pair_rows(scored, column, pair, spec, alpha)
+            rows += _pair_rows(scored, column, pair, spec, alpha=alpha, margin=margin)
     return add_holm(rows)
 
 
@@ -168,7 +182,8 @@ def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
     scored, config = inputs.scored, inputs.config
     if scored.empty:
         return Part()
-    rows = poi_rows(scored, inputs.spec) + significance_rows(scored, inputs.spec, config.alpha)
+    rows = poi_rows(scored, inputs.spec)
+    rows += significance_rows(scored, inputs.spec, config.alpha, config.equivalence_margin)
     return Part(rows + power_rows(scored, config.alpha, config.target_power))
 
 
@@ -233,6 +248,9 @@ def blocks(page: Page) -> list[Block]:
             "seed pairs. The paired t-test and Wilcoxon are paired; Welch and Mann-Whitney "
             "unpaired. *_holm = "
             "Holm-adjusted over every row of this table (all arm pairs and lags), per test. "
+            "tost_p: paired equivalence test (two one-sided t-tests) of H0 |X - Y| >= "
+            f"{page.config.equivalence_margin:g} (report.equivalence_margin); a small p supports "
+            "'X and Y within the margin'. "
             "Hedges' g and Cliff's delta are X relative to Y. A note flags a test whose "
             "smallest attainable p at this n is above alpha.",
         ),

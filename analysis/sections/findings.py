@@ -1,15 +1,22 @@
-"""Section "Findings": the report opens with one line per comparison, stating only what its
-statistics support.
+"""Section "Findings": the report opens with one line per comparison and metric, stating only
+what its statistics support.
 
-Per arm pair and lag (the comparisons of `comparisons`), on the final score: the paired mean
-difference X - Y with its bootstrap interval and the paired t-test Holm-adjusted over every
-pair and lag (section `tests_final_score`), and the power analysis of that same t-test (section
-`power`). Nothing is computed here: every number is read from those rows, so the Findings and
-the tables cannot disagree. A difference is *detected* only when the Holm-adjusted p is below
-alpha and the interval excludes 0; when one says so and the other does not, the line says they
-disagree and claims nothing. Otherwise the line gives the smallest difference the current seeds
-detect with the target power and, for a non-zero effect, the seeds the observed effect would
-need, or that it is impractical past `MAX_PRACTICAL_SEEDS`.
+Lines: per arm pair and lag (the comparisons of `comparisons`), and per arm and later lag against
+the arm's smallest lag (`lag_effects`, when the experiment has a lag axis), each on the final
+score and on the AUC (an arm that learns more slowly to the same ceiling shows only there).
+Every number is read from those rows and from `claims`, which adjusts the tests over every line
+of the Findings (Holm over every pair, lag and metric), so the Findings and the tables cannot
+disagree; nothing is computed here.
+
+A difference is *detected* only when the Holm-adjusted paired t-test p is below alpha and the
+paired bootstrap interval excludes 0; when one says so and the other does not, the line says
+they disagree and claims nothing. Otherwise the line says no difference was detected and adds
+what the margin test (`report.equivalence_margin`) supports: two arms *equivalent* within the
+margin (TOST), or a later lag *not worse* than the base lag by more than the margin
+(non-inferiority), each only when its Holm-adjusted p is below alpha. Where neither holds, a
+final-score line of two arms gives the smallest difference the current seeds detect with the
+target power and, for a non-zero effect, the seeds the observed effect would need, or that it
+is impractical past `MAX_PRACTICAL_SEEDS`.
 """
 
 from __future__ import annotations
@@ -21,20 +28,28 @@ from typing import Literal
 import pandas as pd
 
 from analysis.render import Block, format_number
+from analysis.sections import claims
 from analysis.sections.base import Inputs, Page, Part, no_figures
 from analysis.stats.power import MAX_PRACTICAL_SEEDS
 from analysis.summary import row
 
-Verdict = Literal["detected", "disagree", "not_detected", "untested"]
-SECTION = "findings"
-TESTS, EFFECT, P_HOLM = "tests_final_score", "mean_diff_paired", "paired_t_p_holm"
+Verdict = Literal["detected", "disagree", "equivalent", "noninferior", "not_detected", "untested"]
+# One section per metric: a line's keys (arm, lag, comparison) are its comparison's.
+SECTIONS = {"final_score": "findings", "auc": "findings_auc"}
+SECTION = SECTIONS["final_score"]
+METRIC_TEXT = {"final_score": "the final score", "auc": "the AUC"}
+P_HOLM = "paired_t_p_holm"  # how Holm p-values are formatted
 METHODS: list[str] = []
 draw = no_figures
 
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the comparison tables hold on X vs Y at one lag, final score (X - Y)."""
+    """What the tables hold on one Findings line: X vs Y on `metric` (X - Y).
+
+    For two arms, X and Y are arms at `lag`; for a lag line, `arm` at lag `lag` (X) against
+    the same arm at its smallest lag (Y), and `x`, `y` read 'lag k', 'lag b'.
+    """
 
     lag: int
     x: str
@@ -43,52 +58,74 @@ class Evidence:
     low: float  # its bootstrap interval
     high: float
     pairs: int  # matched seeds
-    p_holm: float  # paired t-test, Holm-adjusted over every pair and lag
+    p_holm: float  # paired t-test, Holm-adjusted over every Findings line
     p_note: str  # why the test has no p, if it has none
     seeds_needed: float  # per arm, for the target power at the observed effect (NaN: none)
     min_detectable: float  # smallest detectable difference at `pairs` seeds (score units)
+    metric: str = "final_score"
+    arm: str | None = None  # set on a lag line
+    margin_p_holm: float = math.nan  # TOST (arms) or non-inferiority (lag), Holm over lines
+    margin: float = math.nan  # report.equivalence_margin
 
 
-def _cell(prior: pd.DataFrame, section: str, statistic: str) -> dict[tuple, pd.Series]:
-    rows = prior[(prior["section"] == section) & (prior["statistic"] == statistic)]
-    return {(int(r["lag"]), str(r["comparison"])): r for _, r in rows.iterrows()}
+def _power_cells(prior: pd.DataFrame, statistic: str) -> dict[tuple, float]:
+    rows = prior[(prior["section"] == "power") & (prior["statistic"] == statistic)]
+    return {(int(r["lag"]), str(r["comparison"])): float(r["value"]) for _, r in rows.iterrows()}
 
 
-def evidence(prior: pd.DataFrame) -> list[Evidence]:
-    """One `Evidence` per (lag, comparison) of the final-score tests, in lag, pair order."""
-    diffs, adjusted = _cell(prior, TESTS, EFFECT), _cell(prior, TESTS, P_HOLM)
-    tests = _cell(prior, TESTS, P_HOLM.removesuffix("_holm"))  # its note says why no p
-    needed = _cell(prior, "power", "seeds_needed")
-    detectable = _cell(prior, "power", "min_detectable_diff")
+def evidence(prior: pd.DataFrame, margin: float = math.nan) -> list[Evidence]:
+    """One `Evidence` per Findings line (`claims.lines` order: arm pairs, then lags)."""
+    adjusted = claims.adjusted(prior)
+    needed = _power_cells(prior, "seeds_needed")
+    detectable = _power_cells(prior, "min_detectable_diff")
     out = []
-    for key in sorted(diffs):
-        d, x_vs_y = diffs[key], key[1].split(" vs ", 1)
+    for line in claims.lines(prior):
+        key, m = (line.arm, line.lag, line.comparison), line.metric
+        x, y = line.comparison.split(" vs ", 1)
+        power_key = (line.lag, line.comparison)
+        planned = line.kind == "pair" and m == "final_score"  # the power rows' lines
         out.append(
             Evidence(
-                lag=key[0],
-                x=x_vs_y[0],
-                y=x_vs_y[1],
-                diff=float(d["value"]),
-                low=float(d["ci_low"]),
-                high=float(d["ci_high"]),
-                pairs=0 if pd.isna(d["n"]) else int(d["n"]),
-                p_holm=float(adjusted[key]["value"]),
-                p_note="" if pd.isna(note := tests[key]["note"]) else str(note),
-                seeds_needed=float(needed[key]["value"]),
-                min_detectable=float(detectable[key]["value"]),
+                lag=line.lag,
+                x=x,
+                y=y,
+                diff=line.diff,
+                low=line.low,
+                high=line.high,
+                pairs=line.pairs,
+                p_holm=adjusted[(*key, f"{m}_diff_p_holm")],
+                p_note=line.diff_note,
+                seeds_needed=needed.get(power_key, math.nan) if planned else math.nan,
+                min_detectable=detectable.get(power_key, math.nan) if planned else math.nan,
+                metric=m,
+                arm=line.arm,
+                margin_p_holm=adjusted[(*key, f"{m}_margin_p_holm")],
+                margin=margin,
             )
         )
     return out
 
 
+def _margin_holds(e: Evidence, alpha: float) -> bool:
+    return math.isfinite(e.margin_p_holm) and e.margin_p_holm < alpha
+
+
 def verdict(e: Evidence, alpha: float) -> Verdict:
-    """detected: Holm p < alpha and the interval excludes 0; disagree: only one of the two."""
-    if e.pairs < 2 or not (math.isfinite(e.p_holm) and math.isfinite(e.low)):
+    """detected: Holm p < alpha and the interval excludes 0; disagree: only one of the two;
+    equivalent / noninferior: no difference detected and the margin test holds."""
+    if e.pairs < 2 or not math.isfinite(e.low):
         return "untested"
-    significant, excludes = e.p_holm < alpha, e.low > 0 or e.high < 0
+    significant = math.isfinite(e.p_holm) and e.p_holm < alpha
+    excludes = e.low > 0 or e.high < 0
     if significant and excludes:
         return "detected"
-    return "disagree" if significant or excludes else "not_detected"
+    if significant or excludes:
+        return "disagree"
+    if _margin_holds(e, alpha):
+        return "noninferior" if e.arm is not None else "equivalent"
+    if not math.isfinite(e.p_holm):
+        return "untested"
+    return "not_detected"
 
 
 def _signed(value: float) -> str:
@@ -99,14 +136,14 @@ def _effect(diff: float, low: float, high: float) -> str:
     return f"{_signed(diff)} [{format_number(low)}, {format_number(high)}]"
 
 
-def _p(e: Evidence) -> str:
-    text = format_number(e.p_holm, P_HOLM)  # '<0.0001' below 1e-4
-    return f"Holm p {text[0]} {text[1:]}" if text.startswith("<") else f"Holm p = {text}"
+def _p(p_holm: float, name: str = "Holm p") -> str:
+    text = format_number(p_holm, P_HOLM)  # '<0.0001' below 1e-4
+    return f"{name} {text[0]} {text[1:]}" if text.startswith("<") else f"{name} = {text}"
 
 
 def seeds_clause(e: Evidence, power: float) -> str:
     """What the observed effect would need, or '' when there is no effect to plan for."""
-    if e.diff == 0:
+    if e.diff == 0 or math.isnan(e.min_detectable):
         return ""
     target = f"{power:.0%} power at the observed effect"
     if not math.isfinite(e.seeds_needed) or e.seeds_needed > MAX_PRACTICAL_SEEDS:
@@ -120,31 +157,56 @@ def seeds_clause(e: Evidence, power: float) -> str:
     return f"; {int(e.seeds_needed)} seeds would already give {target} before Holm's correction"
 
 
+def _subject(e: Evidence) -> str:
+    """'X vs Y at lag k' for two arms; 'arm at lag k vs lag b' for a lag line."""
+    if e.arm is None:
+        return f"{e.x} vs {e.y} at lag {e.lag}"
+    return f"{e.arm} at {e.x} vs {e.y}"
+
+
+def _detected(e: Evidence) -> str:
+    on, seeds = f"on {METRIC_TEXT[e.metric]}", f"{e.pairs} seeds"
+    if e.arm is not None:  # the later lag against the base, in the later lag's direction
+        worse = e.diff < 0
+        effect = _effect(-e.diff, -e.high, -e.low) if worse else _effect(e.diff, e.low, e.high)
+        how = "worse" if worse else "better"
+        return f"{e.arm} at {e.x} is {how} than at {e.y} {on} by {effect}, {_p(e.p_holm)}, {seeds}"
+    flip = e.diff < 0  # state the winner first, its lead positive
+    win, lose = (e.y, e.x) if flip else (e.x, e.y)
+    effect = _effect(-e.diff, -e.high, -e.low) if flip else _effect(e.diff, e.low, e.high)
+    return f"{win} beats {lose} at lag {e.lag} {on} by {effect}, {_p(e.p_holm)}, {seeds}"
+
+
+def _margin_clause(e: Evidence) -> str:
+    delta = format_number(e.margin)
+    if e.arm is not None:
+        return (
+            f"; not worse than at {e.y} by more than {delta} "
+            f"({_p(e.margin_p_holm, 'non-inferiority Holm p')})"
+        )
+    return f"; equivalent within +-{delta} ({_p(e.margin_p_holm, 'TOST Holm p')})"
+
+
 def sentence(e: Evidence, alpha: float, power: float) -> str:
     """The Findings line of one comparison (see the module docstring)."""
-    kind, where = verdict(e, alpha), f"at lag {e.lag}"
+    kind, on = verdict(e, alpha), f"on {METRIC_TEXT[e.metric]}"
     if kind == "untested":
         why = e.p_note or "paired t needs at least 2 matched seeds"
         seeds = f"{e.pairs} matched seed{'' if e.pairs == 1 else 's'}"
-        return f"{e.x} vs {e.y} {where}: not tested ({seeds}; {why})"
+        return f"{_subject(e)} {on}: not tested ({seeds}; {why})"
     if kind == "detected":
-        flip = e.diff < 0  # state the winner first, its lead positive
-        win, lose = (e.y, e.x) if flip else (e.x, e.y)
-        effect = _effect(-e.diff, -e.high, -e.low) if flip else _effect(e.diff, e.low, e.high)
-        return (
-            f"{win} beats {lose} {where} on the final score by {effect}, {_p(e)}, {e.pairs} seeds"
-        )
+        return _detected(e)
     effect = _effect(e.diff, e.low, e.high)
     if kind == "disagree":
-        if e.p_holm < alpha:
-            split = f"{_p(e)} < {alpha:g} but the interval {effect} includes 0"
+        if math.isfinite(e.p_holm) and e.p_holm < alpha:
+            split = f"{_p(e.p_holm)} < {alpha:g} but the interval {effect} includes 0"
         else:
-            split = f"the interval {effect} excludes 0 but {_p(e)} >= {alpha:g}"
-        head = (
-            f"{e.x} vs {e.y} {where}: no difference claimed, test and interval disagree ({split})"
-        )
+            split = f"the interval {effect} excludes 0 but {_p(e.p_holm)} >= {alpha:g}"
+        head = f"{_subject(e)} {on}: no difference claimed, test and interval disagree ({split})"
     else:
-        head = f"{e.x} vs {e.y} {where}: no difference detected ({effect}, {_p(e)})"
+        head = f"{_subject(e)} {on}: no difference detected ({effect}, {_p(e.p_holm)})"
+    if kind in ("equivalent", "noninferior"):
+        return head + _margin_clause(e)
     mde = ""
     if math.isfinite(e.min_detectable):
         mde = f"; at n = {e.pairs} the smallest detectable difference is "
@@ -152,13 +214,15 @@ def sentence(e: Evidence, alpha: float, power: float) -> str:
     return head + mde + seeds_clause(e, power)
 
 
-def finding_rows(prior: pd.DataFrame, alpha: float, power: float) -> list[dict]:
-    """Section `findings`: one row per comparison; statistic = verdict, value = X - Y."""
+def finding_rows(prior: pd.DataFrame, alpha: float, power: float, margin: float) -> list[dict]:
+    """Sections `findings` (final score) and `findings_auc`: one row per line; statistic =
+    verdict, value = X - Y."""
     return [
         row(
-            SECTION,
+            SECTIONS[e.metric],
             verdict(e, alpha),
             e.diff,
+            arm=e.arm,
             lag=e.lag,
             comparison=f"{e.x} vs {e.y}",
             ci_low=e.low,
@@ -166,29 +230,38 @@ def finding_rows(prior: pd.DataFrame, alpha: float, power: float) -> list[dict]:
             n=e.pairs,
             note=sentence(e, alpha, power),
         )
-        for e in evidence(prior)
+        for e in evidence(prior, margin)
     ]
 
 
 def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
-    """Findings from the rows of `comparisons` in `prior` (analysed after every other section)."""
-    config = inputs.config
-    return Part(finding_rows(prior, config.alpha, config.target_power))
+    """Findings from the rows of `comparisons`, `lag_effects` and `claims` in `prior`
+    (analysed after every other section)."""
+    c = inputs.config
+    return Part(finding_rows(prior, c.alpha, c.target_power, c.equivalence_margin))
 
 
 def blocks(page: Page) -> list[Block]:
-    """The Findings: a short explanation and one line per comparison."""
+    """The Findings: a short explanation and one line per comparison and metric."""
     if not page.has(SECTION):
         return []
     summary, config = page.summary, page.config
-    rows = summary[summary["section"] == SECTION].sort_values(["lag", "comparison"])
+    rows = summary[summary["section"].isin(SECTIONS.values())]
+    order = rows.assign(
+        kind=rows["arm"].notna(), metric=rows["section"].ne(SECTION), arm_=rows["arm"].fillna("")
+    ).sort_values(["kind", "lag", "arm_", "comparison", "metric"])
     intro = (
-        "One line per arm pair and lag, on the final score: the paired mean difference (X - Y "
-        f"for 'X vs Y') with its {config.confidence:.0%} bootstrap interval, the matched seeds, "
-        "and the paired t-test, Holm-adjusted over "
-        "every pair and lag (see Comparisons). A difference counts as detected only when Holm p "
-        f"< {config.alpha:g} and the interval excludes 0. Detectable differences and seeds "
-        f"needed are for {config.target_power:.0%} power at alpha {config.alpha:g} before "
-        "Holm's correction (see Power and What to do next)."
+        "One line per comparison (arm pairs at each lag; with a lag axis, each arm at each lag "
+        "against its smallest lag) on the final score and on the AUC: the paired mean "
+        f"difference (X - Y for 'X vs Y') with its {config.confidence:.0%} bootstrap interval, "
+        "the matched seeds, and the paired t-test, Holm-adjusted over every line of these "
+        "Findings (see Tests behind the Findings). A difference counts as detected only when Holm "
+        f"p < {config.alpha:g} and the interval excludes 0. 'Equivalent' (two arms, TOST) and "
+        "'not worse' (a lag against the smallest, one-sided) are stated only when that test, "
+        "Holm-adjusted over every line, has p < "
+        f"{config.alpha:g} at the margin {config.equivalence_margin:g} "
+        "(report.equivalence_margin). Detectable differences and seeds needed are for "
+        f"{config.target_power:.0%} power at alpha {config.alpha:g} before Holm's correction "
+        "(see Power and What to do next)."
     )
-    return [Block("h2", "Findings"), Block("p", intro), Block("list", items=list(rows["note"]))]
+    return [Block("h2", "Findings"), Block("p", intro), Block("list", items=list(order["note"]))]

@@ -1,10 +1,16 @@
 """Section "Staleness and utilisation": what each lag buys in throughput and utilisation, and
 what it costs in score.
 
-Per (arm, lag): learner steps per second, learner wait fraction, generator idle fraction and
-mean per-token lag (mean across seeds with bootstrap intervals), and which lags are
-Pareto-optimal on (throughput, final-score IQM): no other lag is at least as good on both and
-better on one. A staleness regime other than the experiment's (partial rollouts, a weight-sync
+Per (arm, lag): learner steps per second, learner wait fraction, generator idle fraction, mean
+per-token lag and how far the stale behaviour policies were from the learner
+(`staleness/kl_behavior`, k3; mean across seeds with bootstrap intervals). Per arm: its *max
+safe lag*, the largest lag up to which every lag is non-inferior to the arm's smallest lag
+(`claims`: Holm over every Findings line), with its throughput there: the knee of the
+trade-off. And which lags are Pareto-optimal on (throughput, final score) where the statistics
+support it: a lag is dominated by one at least as fast whose score is not detectably lower, and
+that is faster or detectably better (paired t-test over seeds, Holm over every pair compared);
+score differences the seeds cannot resolve count as ties, so a front is never drawn through
+noise. A staleness regime other than the experiment's (partial rollouts, a weight-sync
 interval) is an arm of its own (`learner.config.arm_staleness`), so the overall Pareto flags
 mark the front over every regime and lag.
 The Pareto flags and the trade-off figure compare lags, so an experiment with a single lag gets
@@ -14,6 +20,7 @@ utilisation table, under a heading without "staleness".
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,8 +29,11 @@ import pandas as pd
 from analysis import figures
 from analysis.config import ReportConfig
 from analysis.render import Block
+from analysis.sections import claims
 from analysis.sections.base import Inputs, Page, Part, figure, table
+from analysis.sections.lag_effects import lag_label, max_safe_lag
 from analysis.stats import BootstrapSpec, aggregate_interval, iqm
+from analysis.stats.significance import holm, paired_t
 from analysis.summary import interval_row, row
 from analysis.trial_scores import by_condition
 
@@ -31,23 +41,14 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-UTILISATION_METRICS = ("steps_per_s", "learner_wait_frac", "gen_idle_frac", "token_lag_mean")
+UTILISATION_METRICS = (
+    "steps_per_s",
+    "learner_wait_frac",
+    "gen_idle_frac",
+    "token_lag_mean",
+    "kl_behavior_mean",
+)
 METHODS: list[str] = []
-
-
-def pareto_optimal(points: np.ndarray) -> np.ndarray:
-    """Mask of rows of (K, 2) `points` not dominated when maximising both columns.
-
-    Row j dominates i when j >= i in both and > in one; rows with a NaN are never optimal.
-    """
-    points = np.asarray(points, dtype=float)
-    ok = np.isfinite(points).all(axis=1)
-    mask = np.zeros(len(points), dtype=bool)
-    for i in np.flatnonzero(ok):
-        others = points[ok]
-        dominated = np.any(np.all(others >= points[i], axis=1) & np.any(others > points[i], axis=1))
-        mask[i] = not dominated
-    return mask
 
 
 def utilisation_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
@@ -62,8 +63,51 @@ def utilisation_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     return rows
 
 
-def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame) -> pd.DataFrame:
-    """(arm, lag, steps_per_s mean, final-score IQM, within-arm and overall Pareto flags)."""
+def detectably_better(seed_scores: list[pd.Series], alpha: float) -> np.ndarray:
+    """better[i, j]: condition i's final score is detectably above condition j's.
+
+    Each pair is compared over the seeds both ran (a paired t-test: matched conditions share
+    the seed's prompts and initial weights), Holm-adjusted over every pair compared here;
+    fewer than 2 shared seeds, or no spread in the differences, is no evidence either way.
+    """
+    k = len(seed_scores)
+    compared = list(itertools.combinations(range(k), 2))
+    p_values, signs = [], []
+    for i, j in compared:
+        both = pd.concat([seed_scores[i].rename("x"), seed_scores[j].rename("y")], axis=1)
+        both = both.dropna()
+        p_values.append(paired_t(both["x"].to_numpy(), both["y"].to_numpy()).p_value)
+        signs.append(float(np.sign((both["x"] - both["y"]).mean())) if len(both) else 0.0)
+    adjusted = holm(np.array(p_values, dtype=float))
+    better = np.zeros((k, k), dtype=bool)
+    for (i, j), p, sign in zip(compared, adjusted, signs, strict=True):
+        if np.isfinite(p) and p < alpha and sign != 0:
+            better[(i, j) if sign > 0 else (j, i)] = True
+    return better
+
+
+def supported_front(speed: np.ndarray, scored: np.ndarray, better: np.ndarray) -> np.ndarray:
+    """Mask of conditions on the (throughput, score) front the statistics support.
+
+    j dominates i when j is at least as fast, i is not detectably better than j, and j is
+    faster or detectably better. Score differences the seeds do not resolve are ties, so among
+    tied scores only the fastest condition stays. A condition without a throughput or without
+    scores (`scored` False) is never on the front and dominates nothing.
+    """
+    speed = np.asarray(speed, dtype=float)
+    ok = np.isfinite(speed) & np.asarray(scored, dtype=bool)
+    mask = np.zeros(len(speed), dtype=bool)
+    for i in np.flatnonzero(ok):
+        mask[i] = not any(
+            speed[j] >= speed[i] and not better[i, j] and (speed[j] > speed[i] or better[j, i])
+            for j in np.flatnonzero(ok)
+            if j != i
+        )
+    return mask
+
+
+def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """(arm, lag, steps_per_s mean, final-score IQM, within-arm and overall front flags)."""
     speed = {
         k: float(np.mean(v)) if len(v) else np.nan
         for k, v in by_condition(finished, "steps_per_s").items()
@@ -79,12 +123,50 @@ def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame) -> pd.DataFrame
     )
     if table.empty:
         return table.assign(pareto_within_arm=[], pareto_overall=[])
-    points = table[["steps_per_s", "final_iqm"]].to_numpy()
-    table["pareto_overall"] = pareto_optimal(points)
+    per_seed = [
+        scored[(scored["arm"] == a) & (scored["lag"] == lag)].groupby("seed")["final_score"].mean()
+        for a, lag in keys
+    ]
+    fast, has_score = table["steps_per_s"].to_numpy(), table["final_iqm"].notna().to_numpy()
+    table["pareto_overall"] = supported_front(fast, has_score, detectably_better(per_seed, alpha))
     table["pareto_within_arm"] = False
     for _, idx in table.groupby("arm").groups.items():
-        table.loc[idx, "pareto_within_arm"] = pareto_optimal(points[np.asarray(idx)])
+        at = np.asarray(idx)
+        better = detectably_better([per_seed[i] for i in at], alpha)
+        table.loc[idx, "pareto_within_arm"] = supported_front(fast[at], has_score[at], better)
     return table
+
+
+def safe_lag_rows(finished: pd.DataFrame, prior: pd.DataFrame, alpha: float) -> list[dict]:
+    """Section `max_safe_lag`: per arm with several lags, its max safe lag (`max_safe_lag`) and
+    the learner throughput there, absolute and as a multiple of its smallest lag's."""
+    adjusted = claims.adjusted(prior)
+    speed = {
+        k: float(np.mean(v)) if len(v) else np.nan
+        for k, v in by_condition(finished, "steps_per_s").items()
+    }
+    rows = []
+    for arm, group in finished.groupby("arm", sort=True):
+        lags = sorted(int(lag) for lag in group["lag"].unique())
+        if len(lags) < 2:
+            continue
+        base = lags[0]
+        p_holm = {
+            lag: adjusted.get((str(arm), lag, lag_label(lag, base), "final_score_margin_p_holm"))
+            for lag in lags[1:]
+        }
+        if any(p is None for p in p_holm.values()):
+            continue  # no matched scores at some lag: nothing was tested
+        safe = max_safe_lag(p_holm, base, alpha)
+        at_safe, at_base = speed.get((str(arm), safe), np.nan), speed.get((str(arm), base), np.nan)
+        keys = {"arm": str(arm), "lag": safe}
+        note = f"every lag up to {safe} non-inferior to lag {base}" if safe != base else ""
+        rows += [
+            row("max_safe_lag", "max_safe_lag", float(safe), note=note, **keys),
+            row("max_safe_lag", "steps_per_s", at_safe, **keys),
+            row("max_safe_lag", "speedup", at_safe / at_base, note=f"vs lag {base}", **keys),
+        ]
+    return rows
 
 
 def frontier_rows(frontier: pd.DataFrame) -> list[dict]:
@@ -107,20 +189,17 @@ def several_lags(trials: pd.DataFrame) -> bool:
     return bool(len(trials)) and trials["lag"].nunique() > 1
 
 
-def staleness_rows(finished: pd.DataFrame, scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
-    """All staleness-study rows: utilisation, and the Pareto flags when lags vary."""
-    if finished.empty:
-        return []
-    rows = utilisation_rows(finished, spec)
-    if several_lags(finished):
-        rows += frontier_rows(frontier_table(finished, scored))
-    return rows
-
-
 def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
-    done, scored = inputs.done, inputs.scored
-    frontier = frontier_table(done, scored) if several_lags(done) else pd.DataFrame()
-    return Part(staleness_rows(done, scored, inputs.spec), {"frontier": frontier})
+    """Utilisation rows; with several lags, the front flags and each arm's max safe lag."""
+    done, scored, alpha = inputs.done, inputs.scored, inputs.config.alpha
+    if done.empty:
+        return Part(tables={"frontier": pd.DataFrame()})
+    rows = utilisation_rows(done, inputs.spec)
+    frontier = pd.DataFrame()
+    if several_lags(done):
+        frontier = frontier_table(done, scored, alpha)
+        rows += frontier_rows(frontier) + safe_lag_rows(done, prior, alpha)
+    return Part(rows, {"frontier": frontier})
 
 
 def _by_lag(ax: Axes, cells: pd.DataFrame, colors: dict[str, str], ls: str = "-") -> None:
@@ -145,14 +224,14 @@ def _frontier_panel(ax: Axes, frontier: pd.DataFrame, colors: dict[str, str]) ->
     """Throughput vs final-score IQM per arm, each arm's Pareto-optimal lags ringed, and the
     front over every arm and lag (with regimes as arms: over every regime) dashed."""
     front = frontier[frontier["pareto_overall"]].sort_values("steps_per_s")
-    if len(frontier["arm"].unique()) > 1 and len(front):
+    if len(frontier["arm"].unique()) > 1 and len(front) > 1:  # one point is no front to draw
         ax.plot(
             front["steps_per_s"],
             front["final_iqm"],
             "k--",
             lw=1,
             zorder=0,
-            label="Pareto front over all arms",
+            label="front over all arms (supported differences)",
         )
     for arm, pts in frontier.groupby("arm", sort=True):
         ax.plot(pts["steps_per_s"], pts["final_iqm"], "o-", color=colors[arm], alpha=0.6)
@@ -175,7 +254,7 @@ def _frontier_panel(ax: Axes, frontier: pd.DataFrame, colors: dict[str, str]) ->
                     textcoords="offset points",
                 )
     ax.set(
-        title="trade-off (ringed = Pareto-optimal lag of its arm)",
+        title="trade-off (ringed: on its arm's supported front)",
         xlabel="steps / s",
         ylabel="final score IQM",
     )
@@ -208,8 +287,8 @@ def staleness_figure(
     _by_lag(axes[3], stale[stale["statistic"] == "token_lag_mean"], colors)
     axes[3].set(title="per-token lag (mean)", xlabel="lag", ylabel="versions behind the learner")
     _frontier_panel(axes[4], frontier, colors)
-    axes[5].remove()  # five panels in a 2-column grid
-    axes = axes[:5]
+    _by_lag(axes[5], stale[stale["statistic"] == "kl_behavior_mean"], colors)
+    axes[5].set(title="stale behaviour policy vs learner (k3 KL)", xlabel="lag", ylabel="KL (mean)")
     for a in axes:
         a.grid(alpha=0.3)
     figures.outside_legend(fig, axes)
@@ -247,13 +326,31 @@ def blocks(page: Page) -> list[Block]:
             "Throughput and utilisation by lag",
             "Learner steps/s (1 / median step time), learner wait and generator idle "
             "fractions, mean per-token lag (versions between the policy that sampled a response "
-            "token and the learner step that trained it): mean across seeds with CI. pareto_* "
-            "= 1 if the lag is Pareto-optimal on "
-            "(throughput, final-score IQM) within the arm / over all arms and lags.",
+            "token and the learner step that trained it), kl_behavior_mean (k3 KL of the stale "
+            "behaviour policies from the learner, staleness/kl_behavior: how far the policy "
+            "moved between the versions that sampled and trained; empty where no row was "
+            "stale): mean across seeds with CI. pareto_* = 1 if the lag is on the front of "
+            "(throughput, final score) within the arm / over all arms and lags, where a score "
+            "difference counts only when a paired t-test over seeds detects it (Holm over the "
+            "pairs compared); undetected differences are ties, so among tied lags only the "
+            "fastest is on the front.",
+        ),
+        *table(
+            page.summary,
+            "max_safe_lag",
+            "Max safe lag per arm",
+            "The largest lag up to which every lag of the arm is non-inferior to its smallest "
+            "lag on the final score (one-sided paired test at report.equivalence_margin "
+            f"{page.config.equivalence_margin:g}, Holm over every Findings line; see Tests "
+            "behind the Findings), the learner's steps/s there and its speed-up over the "
+            "smallest lag. A max safe lag equal to the smallest lag means no later lag was "
+            "shown to be safe, not that the later lags are harmful.",
+            skip_empty=True,
         ),
         *figure(
             page.figures,
             "staleness_tradeoff",
-            "Staleness trade-off: score, throughput, utilisation and per-token lag vs lag.",
+            "Staleness trade-off: score, throughput, utilisation, per-token lag and behaviour KL "
+            "vs lag; the front through the differences the statistics support.",
         ),
     ]

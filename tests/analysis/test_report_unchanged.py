@@ -29,6 +29,11 @@ first learner update instead of its start (`analysis.wall_clock`): the `seconds 
 section gained `startup_s` per (arm, lag); every other row was checked bitwise unchanged.
 Rewritten again when Stability gained collapse (rows `collapse`, `collapse_tests`, and
 `peak_drop` in `stability`): the 1,510 earlier rows were checked bitwise unchanged.
+Rewritten again when the Findings gained AUC lines, lag lines and margin tests under one Holm
+family (sections `findings_auc`, `claims`, `lag_tests_*`, `max_safe_lag`; `tost_p` in
+`tests_*`; `kl_behavior_mean` in `staleness`) and the front counted only detected score
+differences: of the 1,531 earlier rows, only the Findings' notes and verdicts (the larger Holm
+family) and 3 Pareto flags moved; every other row was checked bitwise unchanged.
 """
 
 from __future__ import annotations

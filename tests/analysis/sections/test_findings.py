@@ -1,6 +1,7 @@
-"""Findings: the report opens with one line per comparison that states only what the comparison
-tables support: a planted effect with its direction, no difference with the smallest detectable
-one, the seeds an effect would need, or that it is impractical to resolve with seeds."""
+"""Findings: the report opens with one line per comparison and metric that states only what the
+comparison tables support: a planted effect with its direction, no difference with the smallest
+detectable one, the seeds an effect would need, or that it is impractical to resolve with seeds.
+(Lag lines, non-inferiority and the one Holm family: test_lag_findings.py.)"""
 
 from __future__ import annotations
 
@@ -47,7 +48,10 @@ def null(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ReportResult]:
 
 def _one(summary: pd.DataFrame, section: str, statistic: str | None, lag: int) -> pd.Series:
     rows = summary[
-        (summary["section"] == section) & (summary["lag"] == lag) & (summary["comparison"] == PAIR)
+        (summary["section"] == section)
+        & (summary["lag"] == lag)
+        & (summary["comparison"] == PAIR)
+        & summary["arm"].isna()  # the arm pair's line, not a lag line
     ]
     if statistic is not None:
         rows = rows[rows["statistic"] == statistic]
@@ -60,7 +64,7 @@ def test_a_planted_effect_is_stated_with_its_direction(planted: ReportResult, la
     summary = planted.summary
     finding = _one(summary, "findings", None, lag)
     diff = _one(summary, "tests_final_score", "mean_diff_paired", lag)
-    p = _one(summary, "tests_final_score", "paired_t_p_holm", lag)
+    p = _one(summary, "claims", "final_score_diff_p_holm", lag)  # Holm over every line
     # The numbers are the comparison table's: grpo - gspo < 0, so the line names gspo first and
     # states its lead as gspo - grpo, the interval flipped with it.
     assert finding["statistic"] == "detected" and finding["value"] == diff["value"] < 0
@@ -77,14 +81,15 @@ def test_findings_open_the_report(planted: ReportResult) -> None:
     headings = [line for line in md.splitlines() if line.startswith("## ")]
     assert headings[0] == "## Findings"
     overview = md.index("trials, 20 scored")
-    finding_lines = planted.summary[planted.summary["section"] == "findings"]["note"]
+    sections = planted.summary["section"]
+    finding_lines = planted.summary[sections.isin(["findings", "findings_auc"])]["note"]
     for note in finding_lines:
         assert md.index(f"- {note}") < overview  # above the overview paragraph
     page = planted.html_path.read_text()
     assert page.index("<h2>") == page.index("<h2>Findings</h2>")  # the first h2
     assert all(html.escape(note) in page for note in finding_lines)
     on_disk = pd.read_parquet(planted.summary_path)
-    assert list(on_disk["section"][: len(finding_lines)]) == ["findings"] * len(finding_lines)
+    assert set(on_disk["section"][: len(finding_lines)]) == {"findings", "findings_auc"}
 
 
 def _paired_sd(root: Path, lag: int) -> float:
@@ -101,7 +106,9 @@ def test_no_effect_says_no_difference_detected_and_the_detectable_one(
     root, report = null
     finding = _one(report.summary, "findings", None, lag)
     assert finding["statistic"] == "not_detected"
-    assert finding["note"].startswith(f"grpo vs gspo at lag {lag}: no difference detected (")
+    assert finding["note"].startswith(
+        f"grpo vs gspo at lag {lag} on the final score: no difference detected ("
+    )
     mdd = _one(report.summary, "power", "min_detectable_diff", lag)["value"]
     assert f"at n = 3 the smallest detectable difference is {format_number(mdd)}" in finding["note"]
     # That difference is statsmodels' 80%-power effect at 3 pairs (d_z = 3.26) times the SD of
@@ -158,7 +165,8 @@ def test_detected_needs_both_the_test_and_the_interval() -> None:
     interval_only = _evidence(p_holm=0.08)  # the interval excludes 0 but Holm p 0.08
     assert verdict(test_only, 0.05) == verdict(interval_only, 0.05) == "disagree"
     assert sentence(test_only, 0.05, 0.8) == (
-        "gspo vs grpo at lag 1: no difference claimed, test and interval disagree (Holm p = "
+        "gspo vs grpo at lag 1 on the final score: no difference claimed, test and interval "
+        "disagree (Holm p = "
         "0.0200 < 0.05 but the interval +0.050 [-0.010, 0.090] includes 0); at n = 4 the "
         "smallest detectable difference is 0.070; would need about 14 seeds per arm for 80% "
         "power at the observed effect"
@@ -196,6 +204,6 @@ def test_fewer_than_two_matched_seeds_are_not_tested() -> None:
     e = _evidence(pairs=1, p_holm=math.nan, low=math.nan, high=math.nan)
     assert verdict(e, 0.05) == "untested"
     assert sentence(e, 0.05, 0.8) == (
-        "gspo vs grpo at lag 1: not tested (1 matched seed; paired t needs at least 2 matched "
-        "seeds)"
+        "gspo vs grpo at lag 1 on the final score: not tested (1 matched seed; paired t needs at "
+        "least 2 matched seeds)"
     )

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis.sections.stability import collapse_rows, divergence_rows, fisher_rows, threshold_rows
-from analysis.sections.staleness import frontier_table, pareto_optimal
+from analysis.sections.staleness import detectably_better, frontier_table, supported_front
 from analysis.stats import wilson
 
 Z = 1.959963984540054  # standard normal 97.5% quantile
@@ -48,23 +48,54 @@ def test_divergence_and_fisher_rows() -> None:
     assert tests["fisher_p_holm"]["value"] == pytest.approx(0.1)  # a family of one
 
 
-def test_pareto_optimal() -> None:
-    points = np.array([[1.0, 0.7], [2.0, 0.6], [1.5, 0.5], [np.nan, 0.9], [2.0, 0.6]])
-    # (1.5, 0.5) is dominated by (2.0, 0.6); NaN is never optimal; equal points both stay.
-    assert pareto_optimal(points).tolist() == [True, True, False, False, True]
+def test_supported_front_treats_undetected_score_differences_as_ties() -> None:
+    speed, scored = np.array([1.0, 2.0, 3.0]), np.ones(3, dtype=bool)
+    none = np.zeros((3, 3), dtype=bool)
+    # No score difference detected: the slower conditions are dominated by the fastest.
+    assert supported_front(speed, scored, none).tolist() == [False, False, True]
+    # Each slower condition detectably better than every faster one: a real trade-off.
+    better = np.array([[False, True, True], [False, False, True], [False, False, False]])
+    assert supported_front(speed, scored, better).tolist() == [True, True, True]
+    # Only the slowest is detectably better: the middle one is a tie with the fastest.
+    better = np.array([[False, True, True], [False, False, False], [False, False, False]])
+    assert supported_front(speed, scored, better).tolist() == [True, False, True]
+    # Equally fast and tied: both stay. No throughput or no score: never on the front.
+    assert supported_front(np.array([2.0, 2.0]), np.ones(2, bool), none[:2, :2]).all()
+    gaps = supported_front(np.array([np.nan, 1.0, 5.0]), np.array([True, True, False]), none)
+    assert gaps.tolist() == [False, True, False]
+
+
+def test_detectably_better_needs_a_holm_significant_paired_difference() -> None:
+    seeds = range(6)
+    noise = np.array([0.01, -0.02, 0.015, -0.005, 0.0, 0.01])
+    high = pd.Series(0.8 + noise, index=seeds)
+    low = pd.Series(0.7 + np.roll(noise, 2), index=seeds)  # about 0.1 lower on every seed
+    same = pd.Series(0.8 + noise[::-1], index=seeds)  # the same level, other noise
+    better = detectably_better([high, low, same], alpha=0.05)
+    assert better.tolist() == [
+        [False, True, False],
+        [False, False, False],
+        [False, True, False],
+    ]
 
 
 def test_frontier_table_within_arm_and_overall() -> None:
-    done = pd.DataFrame(
-        {
-            "arm": ["a", "a", "b", "b"],
-            "lag": [0, 4, 0, 4],
-            "steps_per_s": [1.0, 3.0, 1.0, 3.0],
-        }
-    )
-    scored = done.assign(final_score=[0.8, 0.7, 0.5, 0.4])
-    table = frontier_table(done, scored).set_index(["arm", "lag"])
-    assert table["pareto_within_arm"].all()  # within each arm, speed trades against score
+    seeds = [0, 1, 2, 3, 4]
+    jitter = [0.01, -0.01, 0.02, 0.0, -0.02]
+    rows = []
+    for arm, lag, level, speed in [
+        ("a", 0, 0.80, 1.0),
+        ("a", 4, 0.70, 3.0),  # a pays 0.1 for its speed: a trade-off
+        ("b", 0, 0.50, 1.0),
+        ("b", 4, 0.50, 3.0),  # b's score does not move with lag: lag 4 is simply better
+    ]:
+        for seed, j in zip(seeds, np.roll(jitter, len(arm) + lag), strict=True):
+            shift = j if arm == "a" else -j / 2
+            rows.append((arm, lag, seed, speed, level + shift))
+    done = pd.DataFrame(rows, columns=["arm", "lag", "seed", "steps_per_s", "final_score"])
+    table = frontier_table(done, done, alpha=0.05).set_index(["arm", "lag"])
+    assert table["pareto_within_arm"].tolist() == [True, True, False, True]
+    # Over all arms, a's lag 4 (0.70 at 3 steps/s) is detectably above b's (0.50, as fast).
     assert table["pareto_overall"].tolist() == [True, True, False, False]
 
 

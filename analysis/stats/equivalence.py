@@ -1,0 +1,73 @@
+"""Tests that can say "no worse than" or "the same within a margin", not only "different".
+
+A difference test that finds nothing says only that the seeds could not tell the arms apart:
+asynchrony with a lost 5 points and 3 seeds looks the same as asynchrony that is free. To claim
+the second, the claim needs a margin `delta` the reader names (`report.equivalence_margin`) and
+a test whose null hypothesis is the cost (Schuirmann 1987; Walker & Nowacki 2011):
+
+- non-inferiority of X to Y: H0 mean(X - Y) <= -delta against H1 mean(X - Y) > -delta, one
+  paired one-sided t-test ("X is not worse than Y by more than delta");
+- equivalence (TOST): both one-sided tests, H0 |mean(X - Y)| >= delta; p is the larger of the
+  two one-sided p-values ("X and Y are within delta of each other").
+
+Both are paired over matched seeds, as the difference tests are, and equal statsmodels'
+`ttost_paired` (its lower and its overall p-value) on the same data.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+from analysis.stats.significance import TestResult
+
+EQUAL_DIFFERENCES_NOTE = "undefined: every matched difference is equal"
+
+
+def _paired_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    keep = np.isfinite(xs) & np.isfinite(ys)
+    return xs[keep] - ys[keep]
+
+
+def _one_sided(diff: np.ndarray, bound: float, alternative: str) -> float:
+    return float(stats.ttest_1samp(diff, bound, alternative=alternative).pvalue)
+
+
+def _untestable(diff: np.ndarray, what: str) -> TestResult | None:
+    """Why no t-test can run on these differences, or None when one can."""
+    if len(diff) < 2:
+        return TestResult(math.nan, math.nan, len(diff), f"{what} needs at least 2 matched seeds")
+    if np.all(diff == diff[0]):  # no spread: the t statistic is 0/0 or +-inf
+        return TestResult(math.nan, 0.0, len(diff), f"{what} {EQUAL_DIFFERENCES_NOTE}")
+    return None
+
+
+def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
+    """One-sided paired t-test of H0 mean(x - y) <= -margin (x worse than y by margin or more).
+
+    A small p supports "x is not worse than y by more than `margin`".
+    """
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    diff = _paired_differences(x, y)
+    if (why := _untestable(diff, "non-inferiority t")) is not None:
+        return why
+    return TestResult(_one_sided(diff, -margin, "greater"), 0.0, len(diff))
+
+
+def tost_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
+    """Paired two one-sided tests of H0 |mean(x - y)| >= margin; p = the larger one-sided p.
+
+    A small p supports "x and y are within `margin` of each other".
+    """
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    diff = _paired_differences(x, y)
+    if (why := _untestable(diff, "TOST")) is not None:
+        return why
+    lower = _one_sided(diff, -margin, "greater")
+    upper = _one_sided(diff, margin, "less")
+    return TestResult(max(lower, upper), 0.0, len(diff))
