@@ -45,7 +45,15 @@ LossUnits = Literal["tokens", "sequences"]
 """What a policy loss averages over: response tokens (token-mean) or non-empty sequences."""
 
 Correction = Literal[
-    "naive", "decoupled", "tis_token", "tis_seq", "mis_token", "mis_seq", "mis_geo", "icepop"
+    "naive",
+    "proximal",
+    "decoupled",
+    "tis_token",
+    "tis_seq",
+    "mis_token",
+    "mis_seq",
+    "mis_geo",
+    "icepop",
 ]
 """Off-policy corrections (`learner.algorithms.corrections` defines each)."""
 

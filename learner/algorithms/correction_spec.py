@@ -16,6 +16,7 @@ CORRECTIONS: tuple[str, ...] = get_args(Correction)
 
 DEFAULT_BOUNDS: dict[str, tuple[float | None, float]] = {
     "naive": (None, 0.0),
+    "proximal": (None, 0.0),
     "decoupled": (None, 0.0),
     "tis_token": (2.0, 0.0),
     "tis_seq": (2.0, 0.0),
@@ -28,6 +29,7 @@ DEFAULT_BOUNDS: dict[str, tuple[float | None, float]] = {
 
 LEVELS: dict[str, Level] = {
     "naive": "token",
+    "proximal": "token",
     "decoupled": "token",
     "tis_token": "token",
     "tis_seq": "sequence",
@@ -37,6 +39,8 @@ LEVELS: dict[str, Level] = {
     "icepop": "token",
 }
 """Whether a correction's weight is per token or one per sequence (constant on its tokens)."""
+UNWEIGHTED = frozenset({"naive", "proximal"})
+"""Corrections that multiply no term: they choose pi_old only."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,16 @@ class CorrectionSpec:
     @property
     def level(self) -> Level:
         return LEVELS[self.kind]
+
+    @property
+    def weighted(self) -> bool:
+        """The objective's terms get weights (every correction but naive and proximal)."""
+        return self.kind not in UNWEIGHTED
+
+    @property
+    def token_weights(self) -> bool:
+        """Each token gets its own weight (weighted, token level)."""
+        return self.weighted and self.level == "token"
 
 
 def correction_spec(

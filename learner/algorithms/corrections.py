@@ -14,9 +14,13 @@ With rho_t = pi_prox(y_t) / mu(y_t), a correction decides two things, and nothin
 
 The corrections (rho_seq = prod_t rho_t, rho_geo = exp(mean_t log rho_t); thresholds inclusive):
 - `naive`: pi_old = mu, no weight. What a synchronous trainer does when fed stale data.
+- `proximal`: pi_old = pi_prox, no weight: the trust region is centred on the learner's own
+  recompute and the behaviour policy enters nowhere. AReaL's default since its PR #1088
+  (`ppo_actor_loss_fn` with `rejection_sampling=None`: "no filtering", no behaviour weight).
 - `decoupled`: w_t = rho_t, tokens with rho_t > cap masked (cap None: untruncated). Decoupled PPO
   (Hilton et al. 2022, "Batch size-invariance for policy optimization", arXiv 2110.00641) as used
-  by AReaL for asynchronous RL (Fu et al. 2025, arXiv 2505.24298; `behav_imp_weight_cap`).
+  by AReaL for asynchronous RL (Fu et al. 2025, arXiv 2505.24298): AReaL's loss before its
+  PR #1088, `behav_imp_weight_cap`.
 - `tis_token`: w_t = min(rho_t, C). Truncated IS (Ionides 2008), applied to rollout/trainer
   mismatch by Yao et al. 2025 ("Your efficient RL framework secretly brings you off-policy RL
   training"); verl `rollout_correction` token-level IS. `learner.old_logprobs: recompute` is this.
@@ -79,13 +83,15 @@ def _ess_frac(weights: Tensor, valid: Tensor) -> Tensor:
 def correction_weights(
     spec: CorrectionSpec, proximal_lp: Tensor, behavior_lp: Tensor, mask: Tensor
 ) -> tuple[Tensor | None, Stats]:
-    """The weights [B, T] the arm's objective multiplies (None for `naive`) and their stats.
+    """The weights [B, T] the arm's objective multiplies (None for `naive` and `proximal`) and
+    their stats.
 
     `proximal_lp` is pi_prox (learner recompute at the step's version), `behavior_lp` mu; both
     [B, T] on response positions `mask`. Weights are float32, 0 off the mask. Stats (keys of
-    `contract.metrics` offpolicy/*): weight_mean (token mean; NaN for naive), ess_frac (over
-    tokens, or over non-empty sequences for sequence-level corrections; naive: of the raw rho_t
-    its ratio carries), masked_frac and trunc_frac (shares of response tokens).
+    `contract.metrics` offpolicy/*): weight_mean (token mean; NaN without weights), ess_frac
+    (over tokens, or over non-empty sequences for sequence-level corrections; without weights:
+    of the raw rho_t, the staleness the step trains through unweighted), masked_frac and
+    trunc_frac (shares of response tokens).
     """
     mask = mask.bool()
     log_rho = torch.where(mask, proximal_lp.float() - behavior_lp.float(), 0.0)
@@ -101,7 +107,7 @@ def correction_weights(
     rho = torch.exp(log_unit)
     truncated = torch.zeros_like(valid)
     kept = valid
-    if spec.kind == "naive":
+    if not spec.weighted:  # naive, proximal
         weights = None
         unit_weights = rho
     elif spec.kind in ("tis_token", "tis_seq"):
@@ -124,7 +130,7 @@ def correction_weights(
         token_weights = unit_weights
         masked_tokens = valid & ~kept
         truncated_tokens = truncated
-    if spec.kind != "naive":
+    if spec.weighted:
         weights = token_weights
     values = torch.stack(
         [

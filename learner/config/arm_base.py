@@ -90,7 +90,7 @@ class ArmBase(TrainingOverrides):
     correction: Correction | None = Field(
         default=None,
         description="Off-policy correction (`learner.algorithms.corrections`): naive, "
-        "decoupled, tis_token, tis_seq, mis_token, mis_seq, mis_geo or icepop. Unset: "
+        "proximal, decoupled, tis_token, tis_seq, mis_token, mis_seq, mis_geo or icepop. Unset: "
         "`learner.old_logprobs` decides (behavior = naive, recompute = tis_token with cap "
         "`learner.is_cap`).",
     )

@@ -18,9 +18,9 @@ def warn_equivalent_arms(arms: list[ArmBase], learner: LearnerConfig) -> list[st
     GSPO-token equals GSPO in value and gradient under sequence-level advantages (design
     section 6), which group advantages are, unless per-token weights separate them: a token-level
     correction (decoupled, tis_token, mis_token, icepop) gives each token its own weight, while
-    naive and the sequence-level corrections weight all tokens of a sequence alike. Comparing
-    such a pair (same correction) measures only their other settings, so it is most likely a
-    mistake. Returns the messages.
+    naive, proximal and the sequence-level corrections weight all tokens of a sequence alike.
+    Comparing such a pair (same correction) measures only their other settings, so it is most
+    likely a mistake. Returns the messages.
     """
     by_objective: dict[str, list[ArmBase]] = {}
     for arm in arms:
@@ -30,7 +30,7 @@ def warn_equivalent_arms(arms: list[ArmBase], learner: LearnerConfig) -> list[st
         if arm.same_gradient_as is None or arm.advantages != "group":
             continue
         correction = arm.correction_for(learner)
-        if correction.kind != "naive" and correction.level == "token":
+        if correction.token_weights:
             continue  # per-token weights give the two objectives different gradients
         for other in by_objective.get(arm.same_gradient_as, []):
             if other.correction_for(learner) != correction:

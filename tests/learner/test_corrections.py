@@ -50,8 +50,9 @@ def as_rows(weights: torch.Tensor) -> list[torch.Tensor]:
     return list(weights * MASK)
 
 
-def test_naive_applies_no_weight_and_reports_the_ess_of_the_raw_ratios() -> None:
-    weights, stats = weights_of("naive")
+@pytest.mark.parametrize("kind", ["naive", "proximal"])
+def test_unweighted_corrections_report_the_ess_of_the_raw_ratios(kind: str) -> None:
+    weights, stats = weights_of(kind)
     assert weights is None
     assert math.isnan(stats["weight_mean"])
     assert stats["ess_frac"] == pytest.approx(ess([2, 0.5, 4, 1, 3]), rel=1e-6)  # 0.728926
@@ -113,7 +114,7 @@ def test_identical_policies_give_weight_one_no_mask_and_full_ess(kind: str) -> N
     logprobs = torch.tensor([[-0.3, -2.0, -1.1], [-0.7, -0.2, 0.0]])
     spec = correction_spec(kind)  # type: ignore[arg-type]
     weights, stats = correction_weights(spec, logprobs, logprobs.clone(), MASK)
-    if kind == "naive":
+    if kind in ("naive", "proximal"):
         assert weights is None
     else:
         assert torch.equal(weights, MASK)
@@ -150,6 +151,7 @@ def test_gspo_token_equals_gspo_under_sequence_level_corrections_only() -> None:
         warnings.simplefilter("ignore", EquivalentArmsWarning)
         assert len(warn_equivalent_arms(arms("tis_seq"), learner)) == 1
         assert len(warn_equivalent_arms(arms("naive"), learner)) == 1
+        assert len(warn_equivalent_arms(arms("proximal"), learner)) == 1  # no weights either
         assert warn_equivalent_arms(arms("tis_token"), learner) == []
 
 
@@ -193,6 +195,41 @@ def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(t
     assert decoupled[M.OFFPOLICY_WEIGHT_MEAN] == pytest.approx(math.exp(0.3), rel=1e-5)
     assert naive[M.POLICY_LOSS] != decoupled[M.POLICY_LOSS]
     assert any(not torch.equal(a, b) for a, b in zip(naive_params, decoupled_params, strict=True))
+
+
+def test_proximal_centres_on_the_recompute_without_weighting_by_the_behaviour(tmp_path) -> None:
+    """AReaL's current default: pi_old = pi_prox like `decoupled`, but no weight pi_prox / mu.
+    On-policy data it is `decoupled` bit for bit (every rho is 1); on stale data it differs from
+    both `naive` (whose ratio carries the gap) and `decoupled` (whose weight does)."""
+    model_dir = save_tiny_policy(tmp_path / "scorer")
+    scorer = build_step_models(
+        model_dir, make_arm(name="s", objective="grpo"), LearnerConfig(prompts_per_step=2), 1
+    ).policy.module
+    batch = collate(random_groups(2, GROUP_SIZE, seed=5), pad_id=0)
+    with scoring(scorer):
+        learner_lp, _ = policy_logprobs(scorer, batch.input_ids, batch.attention_mask)
+    mask = batch.response_mask
+    on_policy = dataclasses.replace(batch, behavior_logprobs=learner_lp * mask)
+    stale = dataclasses.replace(batch, behavior_logprobs=(learner_lp - 0.3 * mask) * mask)
+    assert correction_spec("proximal").uses_proximal
+
+    proximal, proximal_params = _step(tmp_path / "a", "proximal", on_policy)
+    decoupled, decoupled_params = _step(tmp_path / "b", "decoupled", on_policy)
+    assert proximal[M.POLICY_LOSS] == decoupled[M.POLICY_LOSS]
+    assert all(torch.equal(a, b) for a, b in zip(proximal_params, decoupled_params, strict=True))
+    assert math.isnan(proximal[M.OFFPOLICY_WEIGHT_MEAN])
+
+    proximal, proximal_params = _step(tmp_path / "c", "proximal", stale)
+    for other in ("naive", "decoupled"):
+        metrics, params = _step(tmp_path / other, other, stale)
+        assert metrics[M.POLICY_LOSS] != proximal[M.POLICY_LOSS], other
+        assert any(not torch.equal(a, b) for a, b in zip(params, proximal_params, strict=True))
+    # Its ratio starts at 1 (pi_old = pi_prox): the first minibatch is not clipped by the gap.
+    naive, _ = _step(tmp_path / "e", "naive", stale)
+    assert proximal[M.POLICY_RATIO_MAX] < naive[M.POLICY_RATIO_MAX]
+    # The staleness it trains through unweighted shows in the ESS of the raw ratios (all equal
+    # here: rho = exp(0.3) on every token, so ESS/N = 1).
+    assert proximal[M.OFFPOLICY_ESS_FRAC] == pytest.approx(1.0, abs=1e-6)
 
 
 def test_naive_gspo_sequence_ratio_starts_at_rho_geo() -> None:
