@@ -70,7 +70,7 @@ def _note(r: pd.Series) -> str:
     return "" if pd.isna(r["note"]) else str(r["note"])
 
 
-def lines(prior: pd.DataFrame) -> list[Line]:
+def findings_lines(prior: pd.DataFrame) -> list[Line]:
     """Every Findings line's raw numbers, pairs before lags, each in (metric, lag, key) order."""
     out = []
     for kind, (template, margin_test) in SOURCES.items():
@@ -120,10 +120,10 @@ def claim_rows(found: list[Line]) -> list[dict]:
 
 
 def analyse(inputs: Inputs, prior: pd.DataFrame) -> Part:
-    return Part(claim_rows(lines(prior)))
+    return Part(claim_rows(findings_lines(prior)))
 
 
-def adjusted(summary: pd.DataFrame) -> dict[tuple, float]:
+def adjusted_p_values(summary: pd.DataFrame) -> dict[tuple, float]:
     """{(arm, lag, comparison, statistic): value} of the `claims` rows, for the readers."""
     rows = summary[summary["section"] == SECTION]
     return {(*_key(r), str(r["statistic"])): float(r["value"]) for _, r in rows.iterrows()}

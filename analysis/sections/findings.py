@@ -28,8 +28,8 @@ from typing import Literal
 import pandas as pd
 
 from analysis.render import Block, format_number
-from analysis.sections import claims
 from analysis.sections.base import Inputs, Page, Part, no_figures
+from analysis.sections.claims import adjusted_p_values, findings_lines
 from analysis.stats.power import MAX_PRACTICAL_SEEDS
 from analysis.summary import row
 
@@ -74,12 +74,12 @@ def _power_cells(prior: pd.DataFrame, statistic: str) -> dict[tuple, float]:
 
 
 def evidence(prior: pd.DataFrame, margin: float = math.nan) -> list[Evidence]:
-    """One `Evidence` per Findings line (`claims.lines` order: arm pairs, then lags)."""
-    adjusted = claims.adjusted(prior)
+    """One `Evidence` per Findings line (`claims.findings_lines` order: arm pairs, then lags)."""
+    adjusted = adjusted_p_values(prior)
     needed = _power_cells(prior, "seeds_needed")
     detectable = _power_cells(prior, "min_detectable_diff")
     out = []
-    for line in claims.lines(prior):
+    for line in findings_lines(prior):
         key, m = (line.arm, line.lag, line.comparison), line.metric
         x, y = line.comparison.split(" vs ", 1)
         power_key = (line.lag, line.comparison)

@@ -29,8 +29,8 @@ import pandas as pd
 from analysis import figures
 from analysis.config import ReportConfig
 from analysis.render import Block
-from analysis.sections import claims
 from analysis.sections.base import Inputs, Page, Part, figure, table
+from analysis.sections.claims import adjusted_p_values
 from analysis.sections.lag_effects import lag_label, max_safe_lag
 from analysis.stats import BootstrapSpec, aggregate_interval, iqm
 from analysis.stats.significance import holm, paired_t
@@ -140,7 +140,7 @@ def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame, alpha: float) -
 def safe_lag_rows(finished: pd.DataFrame, prior: pd.DataFrame, alpha: float) -> list[dict]:
     """Section `max_safe_lag`: per arm with several lags, its max safe lag (`max_safe_lag`) and
     the learner throughput there, absolute and as a multiple of its smallest lag's."""
-    adjusted = claims.adjusted(prior)
+    adjusted = adjusted_p_values(prior)
     speed = {
         k: float(np.mean(v)) if len(v) else np.nan
         for k, v in by_condition(finished, "steps_per_s").items()
