@@ -36,13 +36,18 @@ def _one_sided(diff: np.ndarray, bound: float, alternative: str) -> float:
     return float(stats.ttest_1samp(diff, bound, alternative=alternative).pvalue)
 
 
-def _untestable(diff: np.ndarray, what: str) -> TestResult | None:
-    """Why no t-test can run on these differences, or None when one can."""
+def _testable_differences(
+    x: np.ndarray, y: np.ndarray, margin: float, what: str
+) -> np.ndarray | TestResult:
+    """The paired differences x - y to test, or why no t-test can run on them."""
+    if not margin > 0:
+        raise ValueError(f"margin must be > 0, got {margin}")
+    diff = _paired_differences(x, y)
     if len(diff) < 2:
         return TestResult(math.nan, math.nan, len(diff), f"{what} needs at least 2 matched seeds")
     if np.all(diff == diff[0]):  # no spread: the t statistic is 0/0 or +-inf
         return TestResult(math.nan, 0.0, len(diff), f"{what} {EQUAL_DIFFERENCES_NOTE}")
-    return None
+    return diff
 
 
 def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
@@ -50,11 +55,9 @@ def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestRe
 
     A small p supports "x is not worse than y by more than `margin`".
     """
-    if not margin > 0:
-        raise ValueError(f"margin must be > 0, got {margin}")
-    diff = _paired_differences(x, y)
-    if (why := _untestable(diff, "non-inferiority t")) is not None:
-        return why
+    diff = _testable_differences(x, y, margin, "non-inferiority t")
+    if isinstance(diff, TestResult):
+        return diff
     return TestResult(_one_sided(diff, -margin, "greater"), 0.0, len(diff))
 
 
@@ -63,11 +66,9 @@ def tost_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
 
     A small p supports "x and y are within `margin` of each other".
     """
-    if not margin > 0:
-        raise ValueError(f"margin must be > 0, got {margin}")
-    diff = _paired_differences(x, y)
-    if (why := _untestable(diff, "TOST")) is not None:
-        return why
+    diff = _testable_differences(x, y, margin, "TOST")
+    if isinstance(diff, TestResult):
+        return diff
     lower = _one_sided(diff, -margin, "greater")
     upper = _one_sided(diff, margin, "less")
     return TestResult(max(lower, upper), 0.0, len(diff))

@@ -169,7 +169,9 @@ def _step(tmp_path, correction: str, batch):
     return result.metrics, [p.detach().clone() for p in models.policy.module.parameters()]
 
 
-def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(tmp_path) -> None:
+def _on_policy_and_stale(tmp_path):
+    """One batch twice: behaviour logprobs equal to the learner's own (on-policy), and 0.3
+    lower on every response token (stale: rho = exp(0.3) everywhere)."""
     model_dir = save_tiny_policy(tmp_path / "scorer")
     scorer = build_step_models(
         model_dir, make_arm(name="s", objective="grpo"), LearnerConfig(prompts_per_step=2), 1
@@ -180,6 +182,11 @@ def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(t
     mask = batch.response_mask
     on_policy = dataclasses.replace(batch, behavior_logprobs=learner_lp * mask)
     stale = dataclasses.replace(batch, behavior_logprobs=(learner_lp - 0.3 * mask) * mask)
+    return on_policy, stale
+
+
+def test_naive_and_decoupled_differ_exactly_when_pi_old_differs_from_behaviour(tmp_path) -> None:
+    on_policy, stale = _on_policy_and_stale(tmp_path)
 
     naive, naive_params = _step(tmp_path / "a", "naive", on_policy)
     decoupled, decoupled_params = _step(tmp_path / "b", "decoupled", on_policy)
@@ -201,16 +208,7 @@ def test_proximal_centres_on_the_recompute_without_weighting_by_the_behaviour(tm
     """AReaL's current default: pi_old = pi_prox like `decoupled`, but no weight pi_prox / mu.
     On-policy data it is `decoupled` bit for bit (every rho is 1); on stale data it differs from
     both `naive` (whose ratio carries the gap) and `decoupled` (whose weight does)."""
-    model_dir = save_tiny_policy(tmp_path / "scorer")
-    scorer = build_step_models(
-        model_dir, make_arm(name="s", objective="grpo"), LearnerConfig(prompts_per_step=2), 1
-    ).policy.module
-    batch = collate(random_groups(2, GROUP_SIZE, seed=5), pad_id=0)
-    with scoring(scorer):
-        learner_lp, _ = policy_logprobs(scorer, batch.input_ids, batch.attention_mask)
-    mask = batch.response_mask
-    on_policy = dataclasses.replace(batch, behavior_logprobs=learner_lp * mask)
-    stale = dataclasses.replace(batch, behavior_logprobs=(learner_lp - 0.3 * mask) * mask)
+    on_policy, stale = _on_policy_and_stale(tmp_path)
     assert correction_spec("proximal").uses_proximal
 
     proximal, proximal_params = _step(tmp_path / "a", "proximal", on_policy)
