@@ -204,7 +204,9 @@ def sentence(e: Evidence, alpha: float, power: float) -> str:
             split = f"the interval {effect} excludes 0 but {_p(e.p_holm)} >= {alpha:g}"
         head = f"{_subject(e)} {on}: no difference claimed, test and interval disagree ({split})"
     else:
-        head = f"{_subject(e)} {on}: no difference detected ({effect}, {_p(e.p_holm)})"
+        # No paired t (every matched difference equal, say): its note stands in for the p.
+        test = _p(e.p_holm) if math.isfinite(e.p_holm) else e.p_note
+        head = f"{_subject(e)} {on}: no difference detected ({effect}, {test})"
     if kind in ("equivalent", "noninferior"):
         return head + _margin_clause(e)
     mde = ""

@@ -11,7 +11,8 @@ a test whose null hypothesis is the cost (Schuirmann 1987; Walker & Nowacki 2011
   two one-sided p-values ("X and Y are within delta of each other").
 
 Both are paired over matched seeds, as the difference tests are, and equal statsmodels'
-`ttost_paired` (its lower and its overall p-value) on the same data.
+`ttost_paired` (its lower and its overall p-value) on the same data, including data whose
+differences are all equal (bitwise-equal trials: p is the test's limit, 0 or 1).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from scipy import stats
 
 from analysis.stats.significance import TestResult
 
-EQUAL_DIFFERENCES_NOTE = "undefined: every matched difference is equal"
+EQUAL_DIFFERENCES_NOTE = "every matched difference is equal: p is the t-test's limit"
 
 
 def _paired_differences(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -45,9 +46,14 @@ def _testable_differences(
     diff = _paired_differences(x, y)
     if len(diff) < 2:
         return TestResult(math.nan, math.nan, len(diff), f"{what} needs at least 2 matched seeds")
-    if np.all(diff == diff[0]):  # no spread: the t statistic is 0/0 or +-inf
-        return TestResult(math.nan, 0.0, len(diff), f"{what} {EQUAL_DIFFERENCES_NOTE}")
     return diff
+
+
+def _limit(holds: bool, n: int) -> TestResult:
+    """Every difference equal (bitwise-equal trials, say): the t statistic is +-inf, so the test's
+    p is its limit, 0 where the margin hypothesis holds and 1 where it does not (what scipy and
+    statsmodels return on such data)."""
+    return TestResult(0.0 if holds else 1.0, 0.0, n, EQUAL_DIFFERENCES_NOTE)
 
 
 def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
@@ -58,6 +64,8 @@ def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestRe
     diff = _testable_differences(x, y, margin, "non-inferiority t")
     if isinstance(diff, TestResult):
         return diff
+    if np.all(diff == diff[0]):
+        return _limit(bool(diff[0] > -margin), len(diff))
     return TestResult(_one_sided(diff, -margin, "greater"), 0.0, len(diff))
 
 
@@ -69,6 +77,8 @@ def tost_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
     diff = _testable_differences(x, y, margin, "TOST")
     if isinstance(diff, TestResult):
         return diff
+    if np.all(diff == diff[0]):
+        return _limit(bool(abs(diff[0]) < margin), len(diff))
     lower = _one_sided(diff, -margin, "greater")
     upper = _one_sided(diff, margin, "less")
     return TestResult(max(lower, upper), 0.0, len(diff))

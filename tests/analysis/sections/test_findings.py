@@ -200,6 +200,19 @@ def test_seeds_clause() -> None:
     assert seeds_clause(_evidence(diff=0.0), 0.8) == ""  # no effect to plan for
 
 
+def test_identical_arms_are_equivalent_without_a_difference_test() -> None:
+    """Bitwise-equal trials: every difference 0, no paired t, the margin test at its limit."""
+    note = "paired t undefined: every matched difference is equal"
+    e = _evidence(diff=0.0, low=0.0, high=0.0, p_holm=math.nan, p_note=note, margin_p_holm=0.0)
+    e = Evidence(**{**e.__dict__, "margin": 0.02})
+    assert verdict(e, 0.05) == "equivalent"
+    assert sentence(e, 0.05, 0.8) == (
+        "gspo vs grpo at lag 1 on the final score: no difference detected (+0.000 [0.000, 0.000], "
+        "paired t undefined: every matched difference is equal); equivalent within +-0.020 "
+        "(TOST Holm p < 0.0001)"
+    )
+
+
 def test_fewer_than_two_matched_seeds_are_not_tested() -> None:
     e = _evidence(pairs=1, p_holm=math.nan, low=math.nan, high=math.nan)
     assert verdict(e, 0.05) == "untested"

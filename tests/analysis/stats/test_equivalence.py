@@ -52,12 +52,20 @@ def test_pairs_with_a_missing_score_are_dropped() -> None:
     assert tost_paired(x, y, 0.02).n == 3
 
 
-def test_no_t_test_without_two_pairs_or_without_spread() -> None:
+def test_one_pair_is_refused_and_equal_differences_take_the_tests_limit() -> None:
     one = noninferiority_paired(np.array([0.8]), np.array([0.7]), 0.02)
     assert math.isnan(one.p_value) and "at least 2 matched seeds" in one.note
-    # Bitwise-equal trials (two corrections that coincide at lag 0): every difference is 0, no
-    # variance to test against; refused rather than declared certain.
-    same = tost_paired(np.array([0.8, 0.7, 0.9]), np.array([0.8, 0.7, 0.9]), 0.02)
-    assert math.isnan(same.p_value) and "every matched difference is equal" in same.note
+    # Bitwise-equal trials (two regimes that coincide on every seed): every difference is 0, the
+    # t statistic is infinite and p its limit, as statsmodels has it: equivalent, not worse.
+    x = np.array([0.8, 0.7, 0.9])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overall, (_, lower, _), _ = ttost_paired(x, x, -0.02, 0.02)
+        beyond, (_, lower_beyond, _), _ = ttost_paired(x - 0.05, x, -0.02, 0.02)
+    same, worse = tost_paired(x, x, 0.02), noninferiority_paired(x, x, 0.02)
+    assert same.p_value == overall == 0.0 and worse.p_value == lower == 0.0
+    assert "every matched difference is equal" in same.note
+    # Equal differences beyond the margin: neither claim holds.
+    assert tost_paired(x - 0.05, x, 0.02).p_value == beyond == 1.0
+    assert noninferiority_paired(x - 0.05, x, 0.02).p_value == lower_beyond == 1.0
     with pytest.raises(ValueError, match="margin must be > 0"):
         tost_paired(np.array([0.8, 0.7]), np.array([0.8, 0.6]), 0.0)
