@@ -5,25 +5,7 @@ pickles or evaluates received bytes: `decode_group` parses Arrow and checks ever
 violation raises `RecordError`, whose message says what was wrong, so the consumer can send the
 message to the dead letter with that reason and carry on.
 
-Versions. The schema's metadata carries `gspo.schema_version`; a message without it is version 1.
-- v1: the 13 columns of design section 4.
-- v2 (written by this build): v1 plus `generation_started_at` (wall clock when the generator
-  started the engine call that produced the group; staleness accounting measures generation time
-  from it) and the experts the generator routed every token to (`routed_experts`, for routing
-  replay from the rollout, R3: Ma et al. 2025, arXiv:2510.11370). Per sample that is an int16
-  array [P + R - 1, layers, top_k]: every position the generator ran a forward on (P prompt
-  tokens, the first R - 1 response tokens; the last one is never fed back), stored flat, with
-  `routing_layers` and `routing_top_k` (0 and 0 when the generator did not record routing) as
-  group-level columns giving the shape.
-- v3 (written by this build): v2 plus `token_versions`, per sample the policy version that
-  sampled each response token (int32, one per response token). With partial rollouts a generator
-  loads new weights mid-response and continues it, so one response spans several versions;
-  `policy_version` stays the version the group started with (the oldest of its tokens, what the
-  staleness rules read). Checked: one per response token, non-decreasing, none older than
-  `policy_version` (the learner checks, at intake, that none is newer than itself).
-`decode_group` reads all three (a v1 group has generation_started_at = created_at and no routing;
-a v1 or v2 group has every token at its `policy_version`) and refuses any other version with a
-RecordError naming it.
+The versions (v1-v3), their schemas and how a message names its version: `buffer.record_versions`.
 
 Token and routing columns are held as numpy arrays (views into the received buffer after a
 decode), not as Python lists: materialising ~16k Python ints per group would cost more than the
@@ -57,7 +39,6 @@ from buffer.arrow_columns import (
     view,
 )
 from buffer.record_checks import (
-    SCHEMA_VERSION_KEY,
     RecordError,
     check_group,
     check_payload,
@@ -66,44 +47,15 @@ from buffer.record_checks import (
     int32_ids,
     read_single_batch,
 )
+from buffer.record_versions import (
+    GROUP_SCALARS,
+    ROLLOUT_SCHEMA,
+    SCHEMAS,
+    TIMESTAMPS,
+    schema_version,
+)
 
 FinishReason = Literal["stop", "length"]
-
-SCHEMA_VERSION = 3  # what encode_group writes
-READABLE_VERSIONS = (1, 2, 3)  # what decode_group reads
-
-ROLLOUT_SCHEMA_V1 = pa.schema(
-    [
-        pa.field("run_id", pa.string(), nullable=False),
-        pa.field("group_id", pa.string(), nullable=False),
-        pa.field("prompt_index", pa.int64(), nullable=False),
-        pa.field("sample_index", pa.int32(), nullable=False),
-        pa.field("prompt_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("response_ids", pa.list_(pa.int32()), nullable=False),
-        pa.field("behavior_logprobs", pa.list_(pa.float32()), nullable=False),
-        pa.field("reward", pa.float32(), nullable=False),
-        pa.field("reward_info", pa.string(), nullable=False),
-        pa.field("finish_reason", pa.string(), nullable=False),
-        pa.field("policy_version", pa.int64(), nullable=False),
-        pa.field("generator_id", pa.string(), nullable=False),
-        pa.field("created_at", TIMESTAMP, nullable=False),
-    ]
-)
-ROLLOUT_SCHEMA_V2 = pa.schema(
-    [
-        *ROLLOUT_SCHEMA_V1,
-        pa.field("generation_started_at", TIMESTAMP, nullable=False),
-        pa.field("routing_layers", pa.int32(), nullable=False),
-        pa.field("routing_top_k", pa.int32(), nullable=False),
-        pa.field("routed_experts", pa.list_(pa.int16()), nullable=False),
-    ],
-    metadata={SCHEMA_VERSION_KEY: b"2"},
-)
-ROLLOUT_SCHEMA = pa.schema(
-    [*ROLLOUT_SCHEMA_V2, pa.field("token_versions", pa.list_(pa.int32()), nullable=False)],
-    metadata={SCHEMA_VERSION_KEY: str(SCHEMA_VERSION).encode()},
-)
-_SCHEMAS = {1: ROLLOUT_SCHEMA_V1, 2: ROLLOUT_SCHEMA_V2, 3: ROLLOUT_SCHEMA}
 
 IntArray = npt.NDArray[np.int32]
 FloatArray = npt.NDArray[np.float32]
@@ -303,14 +255,14 @@ def decode_group(
         )
     batch = read_single_batch(data)
     version = schema_version(batch.schema)
-    schema = _SCHEMAS[version]
+    schema = SCHEMAS[version]
     check_schema(batch.schema, schema)
     cols = dict(zip(schema.names, batch.columns, strict=True))
     for name, column in cols.items():
         if column.null_count or (isinstance(column, pa.ListArray) and column.values.null_count):
             raise RecordError(f"column {name!r} has nulls; every field is required")
-    scalars = {name: _group_scalar(name, cols[name]) for name in _GROUP_SCALARS[version]}
-    for name in _TIMESTAMPS[version]:
+    scalars = {name: _group_scalar(name, cols[name]) for name in GROUP_SCALARS[version]}
+    for name in TIMESTAMPS[version]:
         scalars[name] = _group_scalar(name, cols[name].view(pa.int64()))  # µs since epoch
     run_id = scalars["run_id"]
     if expected_run_id is not None and run_id != expected_run_id:
@@ -371,22 +323,6 @@ def _group_scalar(name: str, column: pa.Array) -> int | str:
     return values[0]
 
 
-def schema_version(schema: pa.Schema) -> int:
-    """The record version a message's schema declares: 1 without the metadata key."""
-    raw = (schema.metadata or {}).get(SCHEMA_VERSION_KEY)
-    if raw is None:
-        return 1
-    version = int(raw) if raw.isdigit() else None
-    if version not in READABLE_VERSIONS:
-        raise RecordError(
-            f"rollout record schema version {raw.decode(errors='replace')!r} "
-            f"({SCHEMA_VERSION_KEY.decode()}) is not one this build reads (versions "
-            f"{', '.join(map(str, READABLE_VERSIONS))}); run generators and the learner "
-            "from the same release"
-        )
-    return version
-
-
 def _routing(
     column: pa.ListArray, shape: tuple[int, int], prompt_length: int, lengths: np.ndarray
 ) -> list[ExpertArray] | None:
@@ -421,11 +357,6 @@ def _micros(moment: datetime) -> int:
     return (moment - _EPOCH) // timedelta(microseconds=1)
 
 
-_V1_SCALARS = ("run_id", "group_id", "prompt_index", "policy_version", "generator_id")
-_V2_SCALARS = (*_V1_SCALARS, "routing_layers", "routing_top_k")
-_GROUP_SCALARS = {1: _V1_SCALARS, 2: _V2_SCALARS, 3: _V2_SCALARS}
-_V2_TIMESTAMPS = ("created_at", "generation_started_at")
-_TIMESTAMPS = {1: ("created_at",), 2: _V2_TIMESTAMPS, 3: _V2_TIMESTAMPS}
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
