@@ -287,11 +287,21 @@ def by_condition(scores: pd.DataFrame, column: str) -> dict[tuple[str, int], np.
     return out
 
 
+def seed_values(scores: pd.DataFrame, column: str, arm: str, lag: int) -> pd.Series:
+    """`column` per seed of one (arm, lag) cell; a seed run twice in the cell (a rerun under a
+    new trial name) counts once, averaged."""
+    cell = scores[(scores["arm"] == arm) & (scores["lag"] == lag)]
+    return cell.groupby("seed")[column].mean()
+
+
+def paired_by_seed(x: pd.Series, y: pd.Series) -> pd.DataFrame:
+    """Two cells' per-seed values inner-joined on seed (columns x, y), seeds in order."""
+    pairs = pd.concat([x.rename("x"), y.rename("y")], axis=1, join="inner").dropna()
+    return pairs.sort_index()
+
+
 def matched(scores: pd.DataFrame, column: str, arm_x: str, arm_y: str, lag: int) -> pd.DataFrame:
     """Per-seed values of two arms at one lag, inner-joined on seed (columns x, y)."""
-    at_lag = scores[scores["lag"] == lag]
-    # A seed run twice in one cell (a rerun under a new trial name) counts once, averaged.
-    x = at_lag[at_lag["arm"] == arm_x].groupby("seed")[column].mean().rename("x")
-    y = at_lag[at_lag["arm"] == arm_y].groupby("seed")[column].mean().rename("y")
-    pairs = pd.concat([x, y], axis=1, join="inner").dropna()
-    return pairs.sort_index()
+    return paired_by_seed(
+        seed_values(scores, column, arm_x, lag), seed_values(scores, column, arm_y, lag)
+    )

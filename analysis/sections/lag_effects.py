@@ -26,6 +26,7 @@ from analysis.stats import BootstrapSpec, paired_mean_difference
 from analysis.stats.equivalence import noninferiority_paired
 from analysis.stats.significance import paired_t
 from analysis.summary import interval_row, row
+from analysis.trial_scores import paired_by_seed, seed_values
 
 METRICS = ("final_score", "auc")
 SECTIONS = tuple(f"lag_tests_{metric}" for metric in METRICS)
@@ -55,11 +56,9 @@ def lag_pairs(scored: pd.DataFrame) -> list[tuple[str, int, int]]:
 
 def seed_pairs(scored: pd.DataFrame, column: str, arm: str, lag: int, base: int) -> pd.DataFrame:
     """Per-seed values of one arm at `lag` (x) and at `base` (y), inner-joined on seed."""
-    cell = scored[scored["arm"] == arm]
-    # A seed run twice in one cell (a rerun under a new trial name) counts once, averaged.
-    x = cell[cell["lag"] == lag].groupby("seed")[column].mean().rename("x")
-    y = cell[cell["lag"] == base].groupby("seed")[column].mean().rename("y")
-    return pd.concat([x, y], axis=1, join="inner").dropna().sort_index()
+    return paired_by_seed(
+        seed_values(scored, column, arm, lag), seed_values(scored, column, arm, base)
+    )
 
 
 def _rows(

@@ -35,7 +35,7 @@ from analysis.sections.lag_effects import lag_label, max_safe_lag
 from analysis.stats import BootstrapSpec, aggregate_interval, iqm
 from analysis.stats.significance import holm, paired_t
 from analysis.summary import interval_row, row
-from analysis.trial_scores import by_condition
+from analysis.trial_scores import by_condition, paired_by_seed, seed_values
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -63,6 +63,14 @@ def utilisation_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     return rows
 
 
+def mean_speed(finished: pd.DataFrame) -> dict[tuple[str, int], float]:
+    """{(arm, lag): mean learner steps/s over seeds} (NaN where no trial measured it)."""
+    return {
+        k: float(np.mean(v)) if len(v) else np.nan
+        for k, v in by_condition(finished, "steps_per_s").items()
+    }
+
+
 def detectably_better(seed_scores: list[pd.Series], alpha: float) -> np.ndarray:
     """better[i, j]: condition i's final score is detectably above condition j's.
 
@@ -74,8 +82,7 @@ def detectably_better(seed_scores: list[pd.Series], alpha: float) -> np.ndarray:
     compared = list(itertools.combinations(range(k), 2))
     p_values, signs = [], []
     for i, j in compared:
-        both = pd.concat([seed_scores[i].rename("x"), seed_scores[j].rename("y")], axis=1)
-        both = both.dropna()
+        both = paired_by_seed(seed_scores[i], seed_scores[j])
         p_values.append(paired_t(both["x"].to_numpy(), both["y"].to_numpy()).p_value)
         signs.append(float(np.sign((both["x"] - both["y"]).mean())) if len(both) else 0.0)
     adjusted = holm(np.array(p_values, dtype=float))
@@ -108,10 +115,7 @@ def supported_front(speed: np.ndarray, scored: np.ndarray, better: np.ndarray) -
 
 def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame, alpha: float) -> pd.DataFrame:
     """(arm, lag, steps_per_s mean, final-score IQM, within-arm and overall front flags)."""
-    speed = {
-        k: float(np.mean(v)) if len(v) else np.nan
-        for k, v in by_condition(finished, "steps_per_s").items()
-    }
+    speed = mean_speed(finished)
     score = {
         k: float(iqm(v)) if len(v) else np.nan
         for k, v in by_condition(scored, "final_score").items()
@@ -123,10 +127,7 @@ def frontier_table(finished: pd.DataFrame, scored: pd.DataFrame, alpha: float) -
     )
     if table.empty:
         return table.assign(pareto_within_arm=[], pareto_overall=[])
-    per_seed = [
-        scored[(scored["arm"] == a) & (scored["lag"] == lag)].groupby("seed")["final_score"].mean()
-        for a, lag in keys
-    ]
+    per_seed = [seed_values(scored, "final_score", a, lag) for a, lag in keys]
     fast, has_score = table["steps_per_s"].to_numpy(), table["final_iqm"].notna().to_numpy()
     table["pareto_overall"] = supported_front(fast, has_score, detectably_better(per_seed, alpha))
     table["pareto_within_arm"] = False
@@ -141,10 +142,7 @@ def safe_lag_rows(finished: pd.DataFrame, prior: pd.DataFrame, alpha: float) -> 
     """Section `max_safe_lag`: per arm with several lags, its max safe lag (`max_safe_lag`) and
     the learner throughput there, absolute and as a multiple of its smallest lag's."""
     adjusted = adjusted_p_values(prior)
-    speed = {
-        k: float(np.mean(v)) if len(v) else np.nan
-        for k, v in by_condition(finished, "steps_per_s").items()
-    }
+    speed = mean_speed(finished)
     rows = []
     for arm, group in finished.groupby("arm", sort=True):
         lags = sorted(int(lag) for lag in group["lag"].unique())
