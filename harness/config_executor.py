@@ -190,6 +190,14 @@ class ExecutorConfig(BaseModel):
         "fresh each trial (torchrun); so does every component after a failed trial. "
         "`harness trial` always starts fresh processes.",
     )
+    fork_components: bool = Field(
+        default=True,
+        description="kind=local: `harness run` keeps a zygote, a process that imports torch and "
+        "transformers once and forks every component start no warm process serves (every "
+        "start with warm_components: false, every restart), so none pays ~5 CPU-s of imports. "
+        "Results are bitwise those of fresh processes. false: plain subprocesses. A zygote "
+        "named in the environment (HARNESS_ZYGOTE) is used instead of starting one.",
+    )
     learner: ComponentResources = Field(
         default_factory=ComponentResources, description="kind=ray: the learner's bundle."
     )

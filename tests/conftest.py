@@ -36,6 +36,8 @@ import redis
 import torch
 from hypothesis import settings as hypothesis_settings
 
+from harness.launch.forked_child import ZYGOTE_ENV, zygote_from_env
+from harness.launch.zygote_process import ZygoteProcess
 from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
 
@@ -204,6 +206,25 @@ def _no_mlflow_store_in_the_repository() -> Iterator[None]:
         f"tests created {created} in {repo}: give every MlflowClient / harness run an explicit "
         "tracking URI or output dir under tmp_path"
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZygoteProcess | None]:
+    """One zygote per test process (xdist worker), named in this process's environment, so
+    every trial a test starts (a supervisor in this process or one it spawns) forks its cold
+    components from it, as `harness run` forks its trials' (harness.launch.zygote): ~5 CPU-s of
+    imports paid once per worker instead of once per component start. Tests that pin a cold
+    start remove it from the environment."""
+    if zygote_from_env() is not None:  # a zygote was given from outside: use it
+        yield None
+        return
+    zygote = ZygoteProcess.start(tmp_path_factory.mktemp("zygote") / "zygote.log")
+    os.environ.update(zygote.env)
+    try:
+        yield zygote
+    finally:
+        os.environ.pop(ZYGOTE_ENV, None)
+        zygote.close()
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ from harness.config import ExperimentConfig
 from harness.config_executor import CpuSets
 from harness.executors.base import TrialPool
 from harness.launch.affinity import check_cpu_sets, component_cpus
+from harness.launch.forked_child import zygote_from_env
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import Child
 from harness.launch.trials import CommandBuilder, PoolLimits
@@ -23,22 +24,27 @@ LOOPBACK = "127.0.0.1"
 
 
 class LocalLauncher:
-    """Components as child processes of the supervisor, or run by the warm processes `harness
-    run` keeps for the trial's slot (WARM_COMPONENTS_ENV); Redis on loopback."""
+    """Components as child processes of the supervisor, run by the warm processes `harness
+    run` keeps for the trial's slot (WARM_COMPONENTS_ENV), or forked by the zygote `harness run`
+    (or the test suite) keeps (ZYGOTE_ENV); Redis on loopback."""
 
     redis_host = LOOPBACK
 
     def __init__(self, cpus: dict[str, frozenset[int]] | None = None) -> None:
         self.warm = warm_components_from_env()
+        self.zygote = zygote_from_env()
         # component name -> its CPU set (executor.cpu_sets, `affinity.component_cpus`)
         self.cpus = cpus or {}
 
     def child(self, name: str, args: list[str], log_path: Path, env: dict[str, str]) -> Child:
         cpus = self.cpus.get(name)
-        if name in self.warm:
-            path, pid = self.warm[name]
-            return WarmChild(name, args, log_path, env, cpus=cpus, socket_path=path, warm_pid=pid)
-        return Child(name, args, log_path, env, cpus=cpus)
+        path, pid = self.warm.get(name, (None, None))
+        if path is None and self.zygote is None:
+            return Child(name, args, log_path, env, cpus=cpus)
+        # A learner under torchrun starts cold either way (`WarmChild._runs_harness_cli`).
+        return WarmChild(
+            name, args, log_path, env, cpus=cpus, socket_path=path, warm_pid=pid, zygote=self.zygote
+        )
 
 
 class LocalExecutor:
@@ -66,19 +72,22 @@ class LocalExecutor:
 
 
 def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
-    """The warm processes each slot of `harness run` keeps for `cfg`'s trials, or None (another
-    executor, or `executor.warm_components: false`). A learner under torchrun (several ranks)
-    is not kept: torchrun starts its ranks itself.
+    """The warm processes each slot of `harness run` keeps for `cfg`'s trials (none with
+    `executor.warm_components: false`) and its zygote, or None (another executor). A learner
+    under torchrun (several ranks) is not kept: torchrun starts its ranks itself.
 
     Also where `harness run` refuses, before its first trial, CPU sets (`executor.cpu_sets`)
     this machine cannot honour, and warns of components with more threads than CPUs."""
     for warning in check_cpu_sets(cfg):
         print(f"warning: {warning}", file=sys.stderr, flush=True)
-    if cfg.executor.kind != "local" or not cfg.executor.warm_components:
+    if cfg.executor.kind != "local":
         return None
     components: dict[str, tuple[str, ...]] = {}
+    zygote = cfg.executor.fork_components
+    if not cfg.executor.warm_components:  # cold starts: forked by the zygote, if any
+        return WarmPlan(components, zygote=zygote)
     if cfg.executor.learner_ranks == 1:
         components["learner"] = ("learner",)
     for index in range(cfg.generation.num_generators):
         components[f"generator-{index}"] = ("generator", cfg.generation.backend)
-    return WarmPlan(components)
+    return WarmPlan(components, zygote=zygote)

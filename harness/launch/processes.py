@@ -14,6 +14,7 @@ import ctypes
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -188,6 +189,34 @@ class Child:
 def _signal_group(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, sig)
+
+
+def spawn_listening(
+    args: list[str], socket_path: Path, log_path: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """`python ARGS --fd N`, N a Unix socket bound at `socket_path` (0600) and listening, made
+    here so connections wait in its backlog while the process still imports; output appended to
+    `log_path`. Its own session; SIGKILLed the moment this process dies (`harness run` starts
+    these from its main thread, as it does trials)."""
+    socket_path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(socket_path))
+        socket_path.chmod(0o600)
+        listener.listen(8)
+        fd = listener.fileno()
+        with open_private(log_path) as log:
+            return subprocess.Popen(
+                [sys.executable, *args, "--fd", str(fd)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=(fd,),
+                preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
+            )
+    finally:
+        listener.close()  # the child holds the only listening copy now
 
 
 def python_module_args(module: str, *args: str) -> list[str]:

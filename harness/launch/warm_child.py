@@ -1,10 +1,12 @@
-"""A trial component run by a warm process of its slot, or else started cold: one `Child`.
+"""A trial component run by a warm process of its slot, forked by a zygote, or else started
+cold: one `Child`.
 
 The supervisor sees the same component either way (start, poll, stop, pid file, log). The warm
-process runs the component's first start only; a restart (after a crash or a kill) starts a cold
-process, as a crashed warm process ends itself and `harness run` replaces it for the next trial.
-When the warm process cannot be reached (it died between trials, say), the start is cold too:
-warmth saves time and never decides whether a trial runs.
+process runs the component's first start only; every other start (a restart after a crash or a
+kill; every start without a warm process) is forked by the zygote `harness run` keeps
+(`harness.launch.zygote`), as a crashed warm process ends itself and `harness run` replaces it
+for the next trial. When neither can be reached (one died, say), the start is cold: warmth saves
+time and never decides whether a trial runs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.launch.forked_child import request_fork
 from harness.launch.processes import Child
 from harness.launch.warm_protocol import (
     VANISHED_CODE,
@@ -35,42 +38,76 @@ _CLI_PREFIX = ("-m", "harness.cli")
 class WarmChild(Child):
     """`Child`, whose first start goes to the warm process `warm_pid` listening at
     `socket_path` (its pid comes from `harness run`, which started it: the socket's peer
-    credentials name `harness run`, which made the socket)."""
+    credentials name `harness run`, which made the socket), and whose other starts (or all of
+    them, without a warm process) are forked by `zygote` where one is given and answers."""
 
     socket_path: str | None = None
     warm_pid: int | None = None
+    # (socket path, pid) of a zygote that forks every start no warm process serves.
+    zygote: tuple[str, int] | None = None
+    forked_pid: int | None = field(default=None, repr=False)
     _conn: socket.socket | None = field(default=None, repr=False)
     _code: int | None = field(default=None, repr=False)
     _reply: bytes = field(default=b"", repr=False)
 
     def start(self) -> None:
-        path, self.socket_path = self.socket_path, None  # warm once; a restart starts cold
+        path, self.socket_path = self.socket_path, None  # warm once; a restart starts fresh
         self._close()
-        self._conn = None
+        self._conn, self._code, self._reply, self.forked_pid = None, None, b"", None
         warm = path is not None and self.warm_pid is not None and self._runs_harness_cli()
-        conn = _connect(path) if warm else None
+        conn = connect(path) if warm else None
         if conn is None:
-            super().start()
+            self._start_fresh()
             return
-        log_path = Path(self.log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log_start = log_path.stat().st_size if log_path.exists() else 0
+        self._mark_log_start()
         self.process = None
-        self._conn, self._code, self._reply = conn, None, b""
+        self._conn = conn
         assignment = {
-            "argv": list(self.args[3:]),
-            "env": {**os.environ, **self.env},
-            "cwd": os.getcwd(),
-            "log": str(log_path.resolve()),
+            **self._assignment(),
             # Pinned per assignment: the warm process runs trials one after another, and an
             # assignment without CPU sets gets back the mask the process started with.
             "cpus": sorted(self.cpus) if self.cpus else None,
-            "name": self.name,
         }
         conn.sendall(encode(assignment))
         conn.setblocking(False)
         assert self.warm_pid is not None  # checked before connecting
         self.write_pid_file(self.warm_pid)
+
+    def _start_fresh(self) -> None:
+        """A start no warm process serves: forked by the zygote (`harness.launch.zygote`) where
+        one answers, else a cold subprocess (`Child.start`)."""
+        conn = connect(self.zygote[0]) if self.zygote and self._runs_harness_cli() else None
+        pid = request_fork(conn, self._fork_assignment()) if conn is not None else None
+        if conn is None or pid is None:
+            super().start()
+            return
+        self.process = None
+        self._conn, self.forked_pid = conn, pid
+        conn.setblocking(False)
+        self.write_pid_file(pid)
+
+    def _fork_assignment(self) -> dict[str, object]:
+        self._mark_log_start()
+        return {
+            **self._assignment(),
+            # Where a cold child would run: its CPU set, or else wherever this supervisor may.
+            "cpus": sorted(self.cpus or os.sched_getaffinity(0)),
+            "pinned": bool(self.cpus),
+        }
+
+    def _assignment(self) -> dict[str, object]:
+        return {
+            "argv": list(self.args[3:]),
+            "env": {**os.environ, **self.env},
+            "cwd": os.getcwd(),
+            "log": str(Path(self.log_path).resolve()),
+            "name": self.name,
+        }
+
+    def _mark_log_start(self) -> None:
+        log_path = Path(self.log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_start = log_path.stat().st_size if log_path.exists() else 0
 
     def poll(self) -> int | None:
         if self._conn is None:
@@ -81,7 +118,9 @@ class WarmChild(Child):
 
     @property
     def pid(self) -> int | None:
-        return self.warm_pid if self._conn is not None else super().pid
+        if self._conn is None:
+            return super().pid
+        return self.forked_pid if self.forked_pid is not None else self.warm_pid
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the warm process (a generator finishes its round; a learner dies), then
@@ -130,8 +169,10 @@ class WarmChild(Child):
         return True
 
     def _signal(self, signum: int) -> None:
-        if self.warm_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError):
+            if self.forked_pid is not None:  # it leads its own session, as a cold child does
+                os.killpg(self.forked_pid, signum)
+            elif self.warm_pid is not None:
                 os.kill(self.warm_pid, signum)
 
     def _close(self) -> None:
@@ -141,7 +182,7 @@ class WarmChild(Child):
             self._conn.close()
 
 
-def _connect(path: str) -> socket.socket | None:
+def connect(path: str) -> socket.socket | None:
     """A connection to the warm process at `path`, or None where none listens any more."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CONNECT_TIMEOUT_S)

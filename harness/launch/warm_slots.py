@@ -21,18 +21,15 @@ in the backlog instead of finding no socket and starting cold.
 from __future__ import annotations
 
 import contextlib
-import functools
-import os
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.processes import die_at_once_with_parent, open_private
+from harness.launch.processes import spawn_listening
 from harness.launch.warm_protocol import warm_components_env
+from harness.launch.zygote_process import ZygoteProcess, inherited_zygote
 
 KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
 
@@ -43,6 +40,10 @@ class WarmPlan:
     keys), e.g. {"learner": ("learner",), "generator-0": ("generator", "vllm")}."""
 
     components: dict[str, tuple[str, ...]]
+    # Also keep a zygote (`harness.launch.zygote`) that forks every start no warm process
+    # serves (all of them without warm components; every restart), unless the environment
+    # already names one.
+    zygote: bool = False
 
 
 @dataclass
@@ -57,31 +58,10 @@ class WarmProcess:
     def spawn(
         cls, name: str, preload: tuple[str, ...], socket_path: Path, log_path: Path, env: dict
     ) -> WarmProcess:
-        socket_path.unlink(missing_ok=True)
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            listener.bind(str(socket_path))
-            socket_path.chmod(0o600)
-            listener.listen(8)
-            fd = listener.fileno()
-            argv = [sys.executable, "-m", "harness.cli_warm", "--fd", str(fd)]
-            for item in preload:
-                argv += ["--preload", item]
-            with open_private(log_path) as log:
-                process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    pass_fds=(fd,),
-                    # Its own session; SIGKILL the moment `harness run` dies (it starts these
-                    # from its main thread, as it does trials).
-                    preexec_fn=functools.partial(die_at_once_with_parent, os.getpid()),  # noqa: PLW1509
-                )
-        finally:
-            listener.close()  # the warm process holds the only listening copy now
-        return cls(name, socket_path, process)
+        args = ["-m", "harness.cli_warm"]
+        for item in preload:
+            args += ["--preload", item]
+        return cls(name, socket_path, spawn_listening(args, socket_path, log_path, env))
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -112,6 +92,7 @@ class WarmSlots:
         self._slots = [_Slot(index) for index in range(slots)]
         self._socket_dir: Path | None = None
         self._env: dict[str, str] = {}
+        self._zygote: ZygoteProcess | None = None
         self.spawned = 0  # warm processes started so far (a benchmark and the tests read it)
 
     def lease(self, env: dict[str, str]) -> tuple[int, dict[str, str]]:
@@ -121,6 +102,8 @@ class WarmSlots:
             # (possibly long) output directory.
             self._socket_dir = Path(tempfile.mkdtemp(prefix="harness-warm-"))
             self._env = dict(env)
+            if self.plan.zygote and not inherited_zygote(env):
+                self._zygote = ZygoteProcess.start(self.log_dir / "zygote.log", self._env)
             for slot in self._slots:
                 self._fill(slot)
         slot = next(slot for slot in self._slots if not slot.busy)
@@ -129,7 +112,8 @@ class WarmSlots:
         table = {
             name: (str(proc.socket_path), proc.process.pid) for name, proc in slot.processes.items()
         }
-        return slot.index, warm_components_env(table)
+        zygote = self._zygote.env if self._zygote is not None else {}
+        return slot.index, {**(warm_components_env(table) if table else {}), **zygote}
 
     def release(self, index: int, *, keep: bool, refill: bool = True) -> None:
         """The slot's trial ended; `keep=False` (it failed, or was stopped): its processes are
@@ -153,6 +137,9 @@ class WarmSlots:
             for proc in slot.processes.values():
                 proc.kill()
             slot.processes.clear()
+        if self._zygote is not None:
+            self._zygote.close()
+            self._zygote = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
             self._socket_dir = None

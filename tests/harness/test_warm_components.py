@@ -88,7 +88,9 @@ def test_the_plan_keeps_what_a_trial_starts_and_nothing_torchrun_or_ray_starts()
     torch_two_ranks = ["generation.backend=torch", "executor.learner_ranks=2"]
     plan = warm_plan(load_config(QUICKSTART, torch_two_ranks))
     assert plan is not None and plan.components == {"generator-0": ("generator", "torch")}
-    assert warm_plan(load_config(QUICKSTART, ["executor.warm_components=false"])) is None
+    assert plan.zygote  # every start no warm process serves is forked
+    cold = warm_plan(load_config(QUICKSTART, ["executor.warm_components=false"]))
+    assert cold is not None and cold.components == {} and cold.zygote
     assert warm_plan(load_config(QUICKSTART, ["executor.kind=ray"])) is None
 
 
