@@ -1,13 +1,17 @@
-"""Warm engines: `harness run` with fresh component processes per trial vs warm ones, side by side.
+"""Warm engines: `harness run` with fresh, forked or warm component processes, side by side.
 
-Runs the same experiment twice in this process, one after the other on the same machine:
-`executor.warm_components=false` (every trial starts its learner and generator processes, and
-a vLLM engine, from scratch) and `true` (each slot keeps them across its trials). It prints the
+Runs the same experiment three times in this process, one after the other on the same machine:
+`cold` (`executor.warm_components=false executor.fork_components=false`: every trial starts its
+learner and generator processes, and a vLLM engine, from scratch), `forked` (`warm_components=
+false`: every component forked by the experiment's zygote, which imported torch and
+transformers once; the engine still starts per trial) and `warm` (each slot keeps its processes
+and engine across its trials). A zygote named in this process's environment is ignored, so each
+mode is what it says. It prints the
 experiment's wall time (driver start to report), and per trial its duration (from the pool's
 start of the trial process to its reaping), its work (the learner's first step start to its last
 step end: generation, training, evals, checkpoints; `work_s`) and its overhead (duration minus
-work: process and engine start-up, Redis, teardown), with warm/cold ratios. It also checks that both
-runs recorded bitwise-identical metrics (timing columns aside).
+work: process and engine start-up, Redis, teardown), with ratios over cold. It also checks that
+the runs recorded bitwise-identical metrics (timing columns aside).
 
 Usage: python benchmarks/warm_bench.py [--quick] [--config configs/quickstart.yaml]
     [overrides ...]. --quick: 2 seeds x 2 arms, 6 steps. The last line printed is one JSON
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -29,6 +34,7 @@ from rich.console import Console
 from contract import metrics as M
 from harness.config import load_config
 from harness.experiment.run import ExperimentResult, run_experiment
+from harness.launch.forked_child import ZYGOTE_ENV
 from learner.runtime.metrics_log import MetricsLog
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,25 +94,32 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     overrides = [*(QUICK if args.quick else ()), *args.overrides]
+    os.environ.pop(ZYGOTE_ENV, None)
+    modes = {
+        "cold": ["executor.warm_components=false", "executor.fork_components=false"],
+        "forked": ["executor.warm_components=false", "executor.fork_components=true"],
+        "warm": ["executor.warm_components=true"],
+    }
     figures: dict[str, dict[str, float]] = {}
     results: dict[str, ExperimentResult] = {}
     with tempfile.TemporaryDirectory(prefix="warm_bench-") as tmp:
-        for mode in ("cold", "warm"):
-            warm = f"executor.warm_components={'true' if mode == 'warm' else 'false'}"
-            wall, results[mode] = run(args.config, [*overrides, warm], Path(tmp) / mode)
+        for mode, settings in modes.items():
+            wall, results[mode] = run(args.config, [*overrides, *settings], Path(tmp) / mode)
             figures[mode] = summarise(wall, results[mode])
         same = all(
-            deterministic(cold.spec.trial_dir).equals(deterministic(warm.spec.trial_dir))
-            for cold, warm in zip(results["cold"].trials, results["warm"].trials, strict=True)
+            deterministic(cold.spec.trial_dir).equals(deterministic(other.spec.trial_dir))
+            for mode in ("forked", "warm")
+            for cold, other in zip(results["cold"].trials, results[mode].trials, strict=True)
         )
-    print(f"{'':22}{'cold':>10}{'warm':>10}{'warm/cold':>11}")
+    print(f"{'':22}{'cold':>10}{'forked':>10}{'warm':>10}{'forked/cold':>13}{'warm/cold':>11}")
     for key in figures["cold"]:
-        cold, warm = figures["cold"][key], figures["warm"][key]
-        ratio = warm / cold if cold else float("nan")
-        print(f"{key:22}{cold:10.2f}{warm:10.2f}{ratio:11.3f}")
+        cold, forked, warm = (figures[mode][key] for mode in modes)
+        ratios = [other / cold if cold else float("nan") for other in (forked, warm)]
+        print(f"{key:22}{cold:10.2f}{forked:10.2f}{warm:10.2f}{ratios[0]:13.3f}{ratios[1]:11.3f}")
     print(f"metrics bitwise equal (timing columns aside): {same}")
     ratios = {
-        f"{key}_warm_over_cold": figures["warm"][key] / figures["cold"][key]
+        f"{key}_{mode}_over_cold": figures[mode][key] / figures["cold"][key]
+        for mode in ("forked", "warm")
         for key in ("wall_s", "trial_s_median", "overhead_s_median")
     }
     print(json.dumps({**figures, **ratios, "bitwise_equal": same}))

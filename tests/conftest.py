@@ -212,7 +212,7 @@ def _no_mlflow_store_in_the_repository() -> Iterator[None]:
 def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZygoteProcess | None]:
     """One zygote per test process (xdist worker), named in this process's environment, so
     every trial a test starts (a supervisor in this process or one it spawns) forks its cold
-    components from it, as `harness run` forks its trials' (harness.launch.zygote): ~5 CPU-s of
+    components from it, as `harness run` forks its trials' (harness.cli_zygote): ~5 CPU-s of
     imports paid once per worker instead of once per component start. Tests that pin a cold
     start remove it from the environment."""
     if zygote_from_env() is not None:  # a zygote was given from outside: use it

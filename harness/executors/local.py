@@ -72,9 +72,12 @@ class LocalExecutor:
 
 
 def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
-    """The warm processes each slot of `harness run` keeps for `cfg`'s trials (none with
-    `executor.warm_components: false`) and its zygote, or None (another executor). A learner
-    under torchrun (several ranks) is not kept: torchrun starts its ranks itself.
+    """The warm processes each slot of `harness run` keeps for `cfg`'s trials, or else (with
+    `executor.warm_components: false`) a zygote to fork every trial's components; None for
+    another executor. A learner under torchrun (several ranks) is not kept: torchrun starts its
+    ranks itself. With warm processes no zygote is started (its imports would cost as much as
+    a warm process's, for restarts alone): restarts start cold, or forked by a zygote the
+    environment names.
 
     Also where `harness run` refuses, before its first trial, CPU sets (`executor.cpu_sets`)
     this machine cannot honour, and warns of components with more threads than CPUs."""
@@ -83,11 +86,10 @@ def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
     if cfg.executor.kind != "local":
         return None
     components: dict[str, tuple[str, ...]] = {}
-    zygote = cfg.executor.fork_components
-    if not cfg.executor.warm_components:  # cold starts: forked by the zygote, if any
-        return WarmPlan(components, zygote=zygote)
+    if not cfg.executor.warm_components:
+        return WarmPlan(components, zygote=cfg.executor.fork_components)
     if cfg.executor.learner_ranks == 1:
         components["learner"] = ("learner",)
     for index in range(cfg.generation.num_generators):
         components[f"generator-{index}"] = ("generator", cfg.generation.backend)
-    return WarmPlan(components, zygote=zygote)
+    return WarmPlan(components)

@@ -1,4 +1,4 @@
-"""The supervisor's side of a zygote (`harness.launch.zygote`): where one is, and asking it to
+"""The supervisor's side of a zygote (`harness.cli_zygote`): where one is, and asking it to
 fork a component start (`warm_child.WarmChild` makes every start it can a fork).
 
 A forked component's pid is its own, in its own session, so a kill by pid or process group

@@ -4,7 +4,7 @@ cold: one `Child`.
 The supervisor sees the same component either way (start, poll, stop, pid file, log). The warm
 process runs the component's first start only; every other start (a restart after a crash or a
 kill; every start without a warm process) is forked by the zygote `harness run` keeps
-(`harness.launch.zygote`), as a crashed warm process ends itself and `harness run` replaces it
+(`harness.cli_zygote`), as a crashed warm process ends itself and `harness run` replaces it
 for the next trial. When neither can be reached (one died, say), the start is cold: warmth saves
 time and never decides whether a trial runs.
 """
@@ -74,7 +74,7 @@ class WarmChild(Child):
         self.write_pid_file(self.warm_pid)
 
     def _start_fresh(self) -> None:
-        """A start no warm process serves: forked by the zygote (`harness.launch.zygote`) where
+        """A start no warm process serves: forked by the zygote (`harness.cli_zygote`) where
         one answers, else a cold subprocess (`Child.start`)."""
         conn = connect(self.zygote[0]) if self.zygote and self._runs_harness_cli() else None
         pid = request_fork(conn, self._fork_assignment()) if conn is not None else None

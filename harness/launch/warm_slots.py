@@ -40,7 +40,7 @@ class WarmPlan:
     keys), e.g. {"learner": ("learner",), "generator-0": ("generator", "vllm")}."""
 
     components: dict[str, tuple[str, ...]]
-    # Also keep a zygote (`harness.launch.zygote`) that forks every start no warm process
+    # Also keep a zygote (`harness.cli_zygote`) that forks every start no warm process
     # serves (all of them without warm components; every restart), unless the environment
     # already names one.
     zygote: bool = False

@@ -1,4 +1,4 @@
-"""Starting and stopping a zygote (`harness.launch.zygote`) for the supervisors of this process.
+"""Starting and stopping a zygote (`harness.cli_zygote`) for the supervisors of this process.
 
 `harness run` starts one for its trials (unless its environment already names one, as the test
 suite's does) and puts it in each trial's environment (`forked_child.ZYGOTE_ENV`): every cold
@@ -35,7 +35,7 @@ class ZygoteProcess:
         socket_dir = Path(tempfile.mkdtemp(prefix="harness-zygote-"))
         environment = dict(os.environ if env is None else env)
         process = spawn_listening(
-            ["-m", "harness.launch.zygote"], socket_dir / "zygote.sock", log_path, environment
+            ["-m", "harness.cli_zygote"], socket_dir / "zygote.sock", log_path, environment
         )
         return cls(socket_dir, process)
 

@@ -25,6 +25,7 @@ from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from contract.trial import RESUMABLE_STATUSES
 from harness.experiment.trial_runs import read_rollouts
+from harness.launch.forked_child import ZYGOTE_ENV
 from learner.runtime.metrics_log import GroupLedger
 from learner.runtime.published import REPLAY_MISMATCH
 from tests.harness.shared_trials import GRPO_LAG1, Recipe
@@ -52,7 +53,14 @@ def _start(out: Path, resume: bool, mode: str = "fixed") -> subprocess.Popen:
     command = trial_command(
         out, "grpo", steps=STEPS, lag=LAG, mode=mode, resume=resume, extra=(*EXTRA, *partial)
     )
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # Components start cold (plain subprocesses, as `harness trial` alone starts them): the
+    # kill plan's random delays are timed for cold restarts, and forked ones (the session's
+    # zygote) finish the trial before its last kill. test_trial and test_generator_restarts
+    # kill forked components.
+    env = {key: value for key, value in os.environ.items() if key != ZYGOTE_ENV}
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def _redis_pids(out: Path) -> list[int]:

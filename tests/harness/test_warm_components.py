@@ -88,9 +88,11 @@ def test_the_plan_keeps_what_a_trial_starts_and_nothing_torchrun_or_ray_starts()
     torch_two_ranks = ["generation.backend=torch", "executor.learner_ranks=2"]
     plan = warm_plan(load_config(QUICKSTART, torch_two_ranks))
     assert plan is not None and plan.components == {"generator-0": ("generator", "torch")}
-    assert plan.zygote  # every start no warm process serves is forked
+    assert not plan.zygote  # with warm processes, no zygote of its own
     cold = warm_plan(load_config(QUICKSTART, ["executor.warm_components=false"]))
     assert cold is not None and cold.components == {} and cold.zygote
+    plain = ["executor.warm_components=false", "executor.fork_components=false"]
+    assert warm_plan(load_config(QUICKSTART, plain)) == WarmPlan({})
     assert warm_plan(load_config(QUICKSTART, ["executor.kind=ray"])) is None
 
 

@@ -1,4 +1,4 @@
-"""The zygote (harness.launch.zygote): cold component starts forked from a process that imported
+"""The zygote (harness.cli_zygote): cold component starts forked from a process that imported
 torch and transformers once, and nothing a trial records may tell.
 
 The first tests drive the real pieces (the session's zygote, which tests/conftest.py starts and

@@ -1,4 +1,4 @@
-"""`python -m harness.launch.zygote`: a process that imports the components' libraries once and
+"""`python -m harness.cli_zygote`: a process that imports the components' libraries once and
 forks each cold component start from there (a "zygote", as Android and Chromium call theirs).
 
 Why: a cold component pays ~5 CPU-seconds importing torch and transformers before it does any
@@ -68,7 +68,7 @@ _LIBC = ctypes.CDLL("libc.so.6", use_errno=True) if sys.platform.startswith("lin
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.launch.zygote")
+    parser = argparse.ArgumentParser(prog="python -m harness.cli_zygote")
     parser.add_argument("--fd", type=int, required=True, help="a bound, listening Unix socket")
     args = parser.parse_args(argv)
     listener = socket.socket(fileno=args.fd)
