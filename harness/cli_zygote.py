@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import importlib
 import os
 import selectors
@@ -74,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     listener = socket.socket(fileno=args.fd)
     for module in PRELOADS:
         importlib.import_module(module)
+    # Out of the collector's reach: a child's collections would otherwise touch (and so copy)
+    # every page of what was imported here.
+    gc.freeze()
     print(f"zygote {os.getpid()}: ready ({len(sys.modules)} modules imported)", flush=True)
     Zygote(listener).serve()
 
@@ -167,11 +171,14 @@ class Zygote:
     def _reap(self) -> None:
         while self.children:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
+            code = os.waitstatus_to_exitcode(status)
+            cpu_s = usage.ru_utime + usage.ru_stime
+            print(f"zygote: {pid} ended ({code}) after {cpu_s:.2f} CPU-s", flush=True)
             conn = self.children.pop(pid, None)
             if conn is None:
                 continue
@@ -180,7 +187,7 @@ class Zygote:
                 self.selector.unregister(conn)
             with contextlib.suppress(OSError):
                 conn.setblocking(True)
-                conn.sendall(encode({"exit": os.waitstatus_to_exitcode(status)}))
+                conn.sendall(encode({"exit": code}))
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 

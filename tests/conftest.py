@@ -214,9 +214,10 @@ def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygot
     every trial a test starts (a supervisor in this process or one it spawns) forks its cold
     components from it, as `harness run` forks its trials' (harness.cli_zygote): ~5 CPU-s of
     imports paid once per worker instead of once per component start. Tests that pin a cold
-    start remove it from the environment."""
-    if zygote_from_env() is not None:  # a zygote was given from outside: use it
-        yield None
+    start remove it from the environment. `TESTS_ZYGOTE=0` starts none (every component cold:
+    to compare, or to debug a cold start)."""
+    if zygote_from_env() is not None or os.environ.get("TESTS_ZYGOTE") == "0":
+        yield None  # a zygote given from outside (used), or none wanted
         return
     zygote = ZygoteProcess.start(tmp_path_factory.mktemp("zygote") / "zygote.log")
     os.environ.update(zygote.env)
