@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.launch.affinity import pin_all_threads, pinned_line
-from harness.launch.processes import open_private
+from harness.launch.processes import exit_code_of, open_private
 from harness.launch.warm_protocol import (
     WARM_ENGINES_ENV,
     ProtocolError,
@@ -113,7 +113,7 @@ def run_assignment(assignment: dict[str, Any], conn: socket.socket, served: int)
             app(args=list(assignment["argv"]), prog_name="harness", standalone_mode=True)
             code = 0
         except SystemExit as exc:
-            code = _exit_code(exc.code)
+            code = exit_code_of(exc.code)
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -143,15 +143,6 @@ def _exit_when_closed(conn: socket.socket, finished: threading.Event) -> None:
         conn.recv(1)
     if not finished.is_set():
         _exit(SUPERVISOR_GONE_CODE)
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # sys.exit("message"), as the interpreter would print it
-    return 1
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from harness.launch.affinity import pinned_line
-from harness.launch.processes import open_private
+from harness.launch.processes import exit_code_of, open_private
 from harness.launch.warm_protocol import ProtocolError, decode, encode, read_line, same_user
 
 # What a zygote imports before its first fork: what a cold learner and a cold torch generator
@@ -244,7 +244,7 @@ def run_component(assignment: dict[str, Any]) -> int:
     try:
         app(args=[str(a) for a in assignment["argv"]], prog_name="harness", standalone_mode=True)
     except SystemExit as exc:
-        return _exit_code(exc.code)
+        return exit_code_of(exc.code)
     except BaseException:
         traceback.print_exc()
         return 1
@@ -270,15 +270,6 @@ def _output_to(log_path: Path) -> None:
     with open_private(log_path) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-
-
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)  # sys.exit("message"), as the interpreter would print it
-    return 1
 
 
 def _die_with(parent: int) -> None:

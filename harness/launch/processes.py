@@ -219,6 +219,17 @@ def spawn_listening(
         listener.close()  # the child holds the only listening copy now
 
 
+def exit_code_of(code: object) -> int:
+    """The exit code of a process whose main raised SystemExit(`code`) (a component run inside
+    a warm process or a zygote's child): as the interpreter would exit, message printed."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)  # sys.exit("message"), as the interpreter would print it
+    return 1
+
+
 def python_module_args(module: str, *args: str) -> list[str]:
     """Run `python -m module args` with the interpreter of this process (the project's venv)."""
     return [sys.executable, "-m", module, *args]
