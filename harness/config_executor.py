@@ -188,7 +188,8 @@ class ExecutorConfig(BaseModel):
         "engine's start again (the engine is put back on the trial's initial weights). "
         "Results are bitwise those of fresh processes. A learner of learner_ranks > 1 starts "
         "fresh each trial (torchrun); so does every component after a failed trial. "
-        "`harness trial` always starts fresh processes.",
+        "`harness trial` always starts fresh processes (forked by a zygote its environment "
+        "names, HARNESS_ZYGOTE).",
     )
     fork_components: bool = Field(
         default=True,
