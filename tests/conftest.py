@@ -26,6 +26,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ import torch
 from hypothesis import settings as hypothesis_settings
 
 from harness.launch.forked_child import ZYGOTE_ENV, zygote_from_env
-from harness.launch.zygote_process import ZygoteProcess
+from harness.launch.warm_slots import WarmProcess
 from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
 
@@ -209,7 +210,7 @@ def _no_mlflow_store_in_the_repository() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZygoteProcess | None]:
+def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WarmProcess | None]:
     """One zygote per test process (xdist worker), named in this process's environment, so
     every trial a test starts (a supervisor in this process or one it spawns) forks its cold
     components from it, as `harness run` forks its trials' (harness.cli_zygote): ~5 CPU-s of
@@ -219,13 +220,17 @@ def component_zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygot
     if zygote_from_env() is not None or os.environ.get("TESTS_ZYGOTE") == "0":
         yield None  # a zygote given from outside (used), or none wanted
         return
-    zygote = ZygoteProcess.start(tmp_path_factory.mktemp("zygote") / "zygote.log")
-    os.environ.update(zygote.env)
+    # Unix socket paths are limited to 107 bytes: a short private directory, not the basetemp.
+    socket_dir = Path(tempfile.mkdtemp(prefix="harness-zygote-"))
+    log_path = tmp_path_factory.mktemp("zygote") / "zygote.log"
+    zygote = WarmProcess.spawn_zygote(socket_dir / "zygote.sock", log_path, dict(os.environ))
+    os.environ.update(zygote.zygote_env)
     try:
         yield zygote
     finally:
         os.environ.pop(ZYGOTE_ENV, None)
-        zygote.close()
+        zygote.kill()
+        shutil.rmtree(socket_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

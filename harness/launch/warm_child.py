@@ -2,11 +2,12 @@
 cold: one `Child`.
 
 The supervisor sees the same component either way (start, poll, stop, pid file, log). The warm
-process runs the component's first start only; every other start (a restart after a crash or a
-kill; every start without a warm process) is forked by the zygote `harness run` keeps
-(`harness.cli_zygote`), as a crashed warm process ends itself and `harness run` replaces it
-for the next trial. When neither can be reached (one died, say), the start is cold: warmth saves
-time and never decides whether a trial runs.
+process runs the component's first start only (a crashed warm process ends itself and `harness
+run` replaces it for the next trial); every other start (a restart after a crash or a kill;
+every start without a warm process) is forked by the zygote the supervisor's environment names
+(`harness.cli_zygote`: `harness run` keeps one when it keeps no warm processes). When neither
+can be reached (one died, say), or none is named, the start is cold: warmth saves time and
+never decides whether a trial runs.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class WarmChild(Child):
         self._close()
         self._conn, self._code, self._reply, self.forked_pid = None, None, b"", None
         warm = path is not None and self.warm_pid is not None and self._runs_harness_cli()
-        conn = connect(path) if warm else None
+        conn = _connect(path) if warm else None
         if conn is None:
             self._start_fresh()
             return
@@ -76,7 +77,8 @@ class WarmChild(Child):
     def _start_fresh(self) -> None:
         """A start no warm process serves: forked by the zygote (`harness.cli_zygote`) where
         one answers, else a cold subprocess (`Child.start`)."""
-        conn = connect(self.zygote[0]) if self.zygote and self._runs_harness_cli() else None
+        conn = _connect(self.zygote[0]) if self.zygote and self._runs_harness_cli() else None
+        self._mark_log_start()
         pid = request_fork(conn, self._fork_assignment()) if conn is not None else None
         if conn is None or pid is None:
             super().start()
@@ -87,7 +89,6 @@ class WarmChild(Child):
         self.write_pid_file(pid)
 
     def _fork_assignment(self) -> dict[str, object]:
-        self._mark_log_start()
         return {
             **self._assignment(),
             # Where a cold child would run: its CPU set, or else wherever this supervisor may.
@@ -182,7 +183,7 @@ class WarmChild(Child):
             self._conn.close()
 
 
-def connect(path: str) -> socket.socket | None:
+def _connect(path: str) -> socket.socket | None:
     """A connection to the warm process at `path`, or None where none listens any more."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.settimeout(CONNECT_TIMEOUT_S)

@@ -27,9 +27,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.launch.forked_child import zygote_env, zygote_from_env
 from harness.launch.processes import spawn_listening
 from harness.launch.warm_protocol import warm_components_env
-from harness.launch.zygote_process import ZygoteProcess, inherited_zygote
 
 KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
 
@@ -63,6 +63,18 @@ class WarmProcess:
             args += ["--preload", item]
         return cls(name, socket_path, spawn_listening(args, socket_path, log_path, env))
 
+    @classmethod
+    def spawn_zygote(cls, socket_path: Path, log_path: Path, env: dict[str, str]) -> WarmProcess:
+        """A zygote (`harness.cli_zygote`): kept, killed and cleaned up as a warm process is;
+        the supervisors it serves find it by `zygote_env`."""
+        args = ["-m", "harness.cli_zygote"]
+        return cls("zygote", socket_path, spawn_listening(args, socket_path, log_path, env))
+
+    @property
+    def zygote_env(self) -> dict[str, str]:
+        """What a supervisor's environment needs to fork its components from this zygote."""
+        return zygote_env(self.socket_path, self.process.pid)
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -92,7 +104,7 @@ class WarmSlots:
         self._slots = [_Slot(index) for index in range(slots)]
         self._socket_dir: Path | None = None
         self._env: dict[str, str] = {}
-        self._zygote: ZygoteProcess | None = None
+        self._zygote: WarmProcess | None = None
         self.spawned = 0  # warm processes started so far (a benchmark and the tests read it)
 
     def lease(self, env: dict[str, str]) -> tuple[int, dict[str, str]]:
@@ -102,8 +114,10 @@ class WarmSlots:
             # (possibly long) output directory.
             self._socket_dir = Path(tempfile.mkdtemp(prefix="harness-warm-"))
             self._env = dict(env)
-            if self.plan.zygote and not inherited_zygote(env):
-                self._zygote = ZygoteProcess.start(self.log_dir / "zygote.log", self._env)
+            if self.plan.zygote and zygote_from_env(env) is None:
+                self._zygote = WarmProcess.spawn_zygote(
+                    self._socket_dir / "zygote.sock", self.log_dir / "zygote.log", self._env
+                )
             for slot in self._slots:
                 self._fill(slot)
         slot = next(slot for slot in self._slots if not slot.busy)
@@ -112,7 +126,7 @@ class WarmSlots:
         table = {
             name: (str(proc.socket_path), proc.process.pid) for name, proc in slot.processes.items()
         }
-        zygote = self._zygote.env if self._zygote is not None else {}
+        zygote = self._zygote.zygote_env if self._zygote is not None else {}
         return slot.index, {**(warm_components_env(table) if table else {}), **zygote}
 
     def release(self, index: int, *, keep: bool, refill: bool = True) -> None:
@@ -138,7 +152,7 @@ class WarmSlots:
                 proc.kill()
             slot.processes.clear()
         if self._zygote is not None:
-            self._zygote.close()
+            self._zygote.kill()
             self._zygote = None
         if self._socket_dir is not None:
             shutil.rmtree(self._socket_dir, ignore_errors=True)

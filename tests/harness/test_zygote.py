@@ -25,8 +25,7 @@ from harness.launch.forked_child import ZYGOTE_ENV, zygote_from_env
 from harness.launch.processes import Child, python_module_args
 from harness.launch.warm_child import WarmChild
 from harness.launch.warm_protocol import warm_components_from_env
-from harness.launch.warm_slots import WarmPlan, WarmSlots
-from harness.launch.zygote_process import ZygoteProcess
+from harness.launch.warm_slots import WarmPlan, WarmProcess, WarmSlots
 from tests.harness.test_experiment import alive
 from tests.harness.test_warm_components import config_show, finish, wait_until_dead
 from tests.harness.trial_helpers import (
@@ -130,10 +129,11 @@ def test_the_zygote_ignores_a_bad_request_and_serves_the_next(
 def test_a_dead_zygote_means_a_cold_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Warmth saves time and never decides whether a component starts."""
     monkeypatch.chdir(REPO)
-    zygote = ZygoteProcess.start(tmp_path / "zygote.log")
-    zygote.close()
+    zygote = WarmProcess.spawn_zygote(tmp_path / "z.sock", tmp_path / "z.log", dict(os.environ))
+    zygote.kill()
     args = config_show("configs/quickstart.yaml")
-    child = WarmChild("learner", args, tmp_path / "l.log", {}, zygote=zygote_from_env(zygote.env))
+    named = zygote_from_env(zygote.zygote_env)
+    child = WarmChild("learner", args, tmp_path / "l.log", {}, zygote=named)
     child.start()
     assert child.process is not None and finish(child) == 0  # a cold Popen
     assert FORKED_LINE not in child.log_path.read_text()
