@@ -3,8 +3,9 @@ forks each cold component start from there (a "zygote", as Android and Chromium 
 
 Why: a cold component pays ~5 CPU-seconds importing torch and transformers before it does any
 work. `harness run` (and the test suite) start hundreds of them: every first start with
-`executor.warm_components: false`, every restart after a crash or a kill. Forked from a process
-that already imported everything, a component starts in a few milliseconds of CPU.
+`executor.warm_components: false`, every restart after a crash or a kill, and with warm
+components every warm process of every slot. Forked from a process that already imported
+everything, a component starts in a few milliseconds of CPU.
 
 What a forked component shares with a cold one, and why it computes the same:
 - it runs `harness.cli` with the supervisor's argv, environment, working directory and CPU
@@ -24,6 +25,10 @@ The protocol (JSON lines, never pickles: rule 5; peers checked to be this user):
                             "cpus": [...], "name": "learner"}
     zygote -> supervisor:  {"pid": 1234}      once forked
     zygote -> supervisor:  {"exit": 0}        once it ended (-N: killed by signal N)
+
+A request with `"module": "harness.cli_warm"` and one descriptor (SCM_RIGHTS: the listening
+socket `harness run` made for a slot's warm process) forks a warm process instead; `harness run`
+holds its connection for the warm process's life. Nothing else can be asked to run.
 
 Unlike a warm process (`harness.cli_warm`), which runs one trial's component in itself and is
 replaced after a failure, the zygote is never the component: it serves any number of starts,
@@ -49,7 +54,13 @@ from typing import Any, NoReturn
 
 from harness.launch.affinity import pinned_line
 from harness.launch.processes import exit_code_of, open_private
-from harness.launch.warm_protocol import ProtocolError, decode, encode, read_line, same_user
+from harness.launch.warm_protocol import (
+    MAX_MESSAGE_BYTES,
+    ProtocolError,
+    decode,
+    encode,
+    same_user,
+)
 
 # What a zygote imports before its first fork: what a cold learner and a cold torch generator
 # import (`cli_warm.PRELOADS` without vLLM: its engine is kept by warm processes instead).
@@ -60,6 +71,7 @@ PRELOADS: tuple[str, ...] = (
     "harness.evaluation.suite",
     "harness.generators.torch_backend",
 )
+CLI, WARM = "harness.cli", "harness.cli_warm"  # what a request may run
 REQUEST_TIMEOUT_S = 5.0  # a peer that connects and sends nothing does not stall the others
 _PR_SET_PDEATHSIG = 1
 # The zygote's working directory, first on its import path as `python -m` put it there.
@@ -120,7 +132,7 @@ class Zygote:
             return
         conn.settimeout(REQUEST_TIMEOUT_S)
         try:
-            assignment = decode(read_line(conn))
+            assignment, fds = _read_request(conn)
         except (ProtocolError, OSError) as exc:
             print(f"zygote: ignored a bad request: {exc}", flush=True)
             conn.close()
@@ -129,8 +141,10 @@ class Zygote:
         pid = os.fork()
         if pid == 0:
             os.close(ready_read)
-            self._become(assignment, conn, ready_write)
+            self._become(assignment, conn, ready_write, fds)
         os.close(ready_write)
+        for fd in fds:  # the child's now
+            os.close(fd)
         # Reply only once the child leads its own session: a supervisor's killpg right after
         # the start must reach it, as it reaches a cold child once Popen returned.
         with contextlib.suppress(OSError):
@@ -191,10 +205,13 @@ class Zygote:
                 conn.shutdown(socket.SHUT_RDWR)
             conn.close()
 
-    def _become(self, assignment: dict[str, Any], conn: socket.socket, ready: int) -> NoReturn:
-        """In the forked child: leave the server behind, become the component, exit with its
-        code (never returns: the server's loop must not run on in a child). `ready` is closed
-        once this process leads its own session and dies with the zygote."""
+    def _become(
+        self, assignment: dict[str, Any], conn: socket.socket, ready: int, fds: list[int]
+    ) -> NoReturn:
+        """In the forked child: leave the server behind, become the component (or warm
+        process), exit with its code (never returns: the server's loop must not run on in a
+        child). `ready` is closed once this process leads its own session and dies with the
+        zygote; `fds` came with the request (a warm process's listening socket)."""
         code = 1
         try:
             parent = os.getppid()
@@ -211,7 +228,7 @@ class Zygote:
             for other in self.by_connection:
                 with contextlib.suppress(OSError):
                     os.close(other.fileno())
-            code = run_component(assignment)
+            code = run_component(assignment, fds)
         except BaseException:
             with contextlib.suppress(BaseException):
                 traceback.print_exc()
@@ -222,11 +239,34 @@ class Zygote:
             os._exit(code if 0 <= code <= 255 else 1)
 
 
-def run_component(assignment: dict[str, Any]) -> int:
-    """Run `harness.cli` with the assignment's argv in this (forked) process, in the
-    supervisor's environment, working directory and CPU set, output to the component's log."""
-    from harness.cli import app
+def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """One request line, and the descriptors sent with it (SCM_RIGHTS: they arrive with its
+    first bytes). A request runs `harness.cli` (a component) or `harness.cli_warm` with a
+    listening socket (a warm process of `harness run`'s slots); nothing else."""
+    data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE_BYTES, 4)
+    try:
+        while data and not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk or len(data) > MAX_MESSAGE_BYTES:
+                raise ProtocolError("the request ended before its line did")
+            data += chunk
+        if not data:
+            raise ProtocolError("the connection closed before a request")
+        assignment = decode(data[:-1])
+        module = assignment.get("module", CLI)
+        if module not in (CLI, WARM) or (module == WARM) != (len(fds) == 1):
+            raise ProtocolError(f"cannot run {module!r} with {len(fds)} descriptors")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    return assignment, fds
 
+
+def run_component(assignment: dict[str, Any], fds: Sequence[int] = ()) -> int:
+    """Run `harness.cli` (or `harness.cli_warm`, serving on the passed socket) with the
+    assignment's argv in this (forked) process, in the requester's environment, working
+    directory and CPU set, output to the component's (or warm process's) log."""
     os.environ.clear()
     os.environ.update({str(k): str(v) for k, v in dict(assignment["env"]).items()})
     os.chdir(str(assignment["cwd"]))
@@ -237,6 +277,11 @@ def run_component(assignment: dict[str, Any]) -> int:
     cli_path = str(getattr(sys.modules["harness.cli"], "__file__", "harness"))
     sys.argv = [cli_path, *[str(a) for a in assignment["argv"]]]
     _output_to(Path(str(assignment["log"])))
+    if assignment.get("module", CLI) == WARM:
+        print(f"warm process {os.getpid()}: forked by zygote {os.getppid()}", flush=True)
+        return _run_warm([str(a) for a in assignment["argv"]], fds[0])
+    from harness.cli import app
+
     print(f"component process {os.getpid()}: forked by zygote {os.getppid()}", flush=True)
     if assignment.get("pinned"):
         name = str(assignment.get("name") or "component")
@@ -248,6 +293,18 @@ def run_component(assignment: dict[str, Any]) -> int:
     except BaseException:
         traceback.print_exc()
         return 1
+    return 0
+
+
+def _run_warm(argv: list[str], listener_fd: int) -> int:
+    """`python -m harness.cli_warm ARGV --fd N` in this process: it serves trials until one
+    fails or it is killed, and leaves by os._exit (its code is only reached on a bad argv)."""
+    from harness import cli_warm
+
+    try:
+        cli_warm.main([*argv, "--fd", str(listener_fd)])
+    except SystemExit as exc:
+        return exit_code_of(exc.code)
     return 0
 
 

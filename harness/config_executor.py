@@ -193,12 +193,12 @@ class ExecutorConfig(BaseModel):
     )
     fork_components: bool = Field(
         default=True,
-        description="kind=local, with warm_components: false: `harness run` keeps a zygote, a "
-        "process that imports torch and transformers once and forks every component start of "
-        "every trial (restarts included), so none pays ~5 CPU-s of imports. Results are "
-        "bitwise those of fresh processes. false: plain subprocesses. A zygote named in the "
-        "environment (HARNESS_ZYGOTE) is used instead of starting one, also for the restarts "
-        "of warm components.",
+        description="kind=local: `harness run` keeps a zygote, a process that imports torch "
+        "and transformers once and forks the warm components (warm_components: true) and every "
+        "component start no warm process serves (all of them with warm_components: false; "
+        "restarts), so none pays ~5 CPU-s of imports. Results are bitwise those of fresh "
+        "processes. false: plain subprocesses. A zygote named in the environment "
+        "(HARNESS_ZYGOTE) is used instead of starting one.",
     )
     learner: ComponentResources = Field(
         default_factory=ComponentResources, description="kind=ray: the learner's bundle."

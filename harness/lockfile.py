@@ -14,6 +14,7 @@ markers) is imported only by `venv_differences`, which runs inside the venv.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -183,13 +184,67 @@ def matching_lock(installed: dict[str, str]) -> LockMatch | None:
     return min(matches, key=lambda m: (len(m.departures), m.name), default=None)
 
 
+def lock_entry(lock: Path, name: str) -> str:
+    """The lock's requirement of one package with its hash lines, as a requirements file: what
+    setup.sh gives pip to install uv by hash before uv installs the rest of the lock."""
+    lines = lock.read_text().splitlines()
+    for index, line in enumerate(lines):
+        match = _PIN.match(line.strip())
+        if match and canonical_name(match.group("name")) == canonical_name(name):
+            entry = [line]
+            while entry[-1].rstrip().endswith("\\") and index + len(entry) < len(lines):
+                entry.append(lines[index + len(entry)])
+            return "\n".join(entry).rstrip().removesuffix("\\").rstrip() + "\n"
+    raise KeyError(f"{name} is not pinned in {lock}")
+
+
+_PIP_SOURCE_KEYS = ("index-url", "extra-index-url", "find-links", "no-index")
+# pip's precedence: the environment (PIP_*) over the install command's section over global.
+_PIP_SECTIONS = (":env:", "install", "global")
+
+
+def uv_source_args(pip_config_list: str) -> list[str]:
+    """uv's arguments for the package sources pip is configured with (the lines of `pip config
+    list`): uv reads no pip configuration, and a machine's pip may be pointed at a mirror or a
+    folder of wheels (a local CPU torch) that uv would otherwise not look in."""
+    found: dict[tuple[str, str], str] = {}
+    for line in pip_config_list.splitlines():
+        key, sep, value = line.partition("=")
+        section, _, option = key.strip().rpartition(".")
+        if sep and option in _PIP_SOURCE_KEYS and section in _PIP_SECTIONS:
+            try:
+                found[(section, option)] = str(ast.literal_eval(value.strip()))
+            except (ValueError, SyntaxError):
+                found[(section, option)] = value.strip()
+    args: list[str] = []
+    for option in _PIP_SOURCE_KEYS:
+        value = next((found[(s, option)] for s in _PIP_SECTIONS if (s, option) in found), None)
+        if value is None:
+            continue
+        if option == "no-index":
+            if value.strip().lower() in {"1", "true", "yes", "on"}:
+                args.append("--no-index")
+            continue
+        for item in value.split():
+            args += [f"--{option}", item]
+    return args
+
+
 def _main(argv: list[str]) -> int:
     """`check LOCK`: is the lock current; `stamp LOCK...`: record the digest; `venv LOCK`: does
-    this environment equal the lock; `extra LOCK`: installed packages the lock does not pin."""
-    usage = "usage: lockfile.py {check|stamp|venv|extra} LOCK..."
-    if len(argv) < 2 or argv[0] not in {"check", "stamp", "venv", "extra"}:
+    this environment equal the lock; `extra LOCK`: installed packages the lock does not pin;
+    `entry LOCK NAME`: one package's requirement with its hashes; `uv-sources`: uv's source
+    arguments for the `pip config list` read from stdin, one per line."""
+    usage = "usage: lockfile.py {check|stamp|venv|extra|entry|uv-sources} LOCK..."
+    if argv[:1] == ["uv-sources"]:
+        print("\n".join(uv_source_args(sys.stdin.read())))
+        return 0
+    if len(argv) < 2 or argv[0] not in {"check", "stamp", "venv", "extra", "entry"}:
         print(usage, file=sys.stderr)
         return 2
+    if argv[0] == "entry" and len(argv) == 3:
+        print(lock_entry(Path(argv[1]), argv[2]), end="")
+        return 0
     command, locks = argv[0], [Path(arg) for arg in argv[1:]]
     if command == "stamp":
         for lock in locks:

@@ -83,12 +83,32 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # 127 -> 109 s). Files that are not Python 3 of this version (templates, vendored py2 code)
   # fail to compile there as they silently do in pip; nothing imports them.
   if [ "$locked" = 1 ]; then
-    log "installing $lock into .venv (first time: a few minutes)"
+    log "installing $lock into .venv (first time: a minute or two)"
     # --no-deps: exactly the lock, nothing a package's metadata would add (the lock leaves out
     # torchvision/torchaudio/torchcodec on purpose: see scripts/lock.sh); --require-hashes: every
-    # file is the one the lock was made from, wherever pip finds it.
-    .venv/bin/python -m pip install -q --no-compile --no-deps --require-hashes "${pip_args[@]}" \
-      -r "$lock"
+    # file is the one the lock was made from, wherever it is found.
+    # uv installs it (the lock's own uv, which pip installs first, by hash): it fetches and
+    # unpacks the ~240 files in parallel, where pip takes them one at a time (a first setup on
+    # 2 cores: 77 s -> 13 s for this step). uv reads no pip configuration, so it is handed the
+    # sources pip is configured with (a mirror, a folder of wheels holding the CPU torch), and
+    # may take a version from any of them: the hashes decide which file is acceptable, not the
+    # index. Where uv cannot install the lock, pip does, as before (slower, same files).
+    entry="$(mktemp)"
+    "$PYTHON" -P harness/lockfile.py entry "$lock" uv > "$entry"
+    mapfile -t sources < <(.venv/bin/python -m pip config list 2>/dev/null \
+      | "$PYTHON" -P harness/lockfile.py uv-sources)
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then sources+=(--extra-index-url "$TORCH_INDEX_URL"); fi
+    if .venv/bin/python -m pip install -q --no-compile --no-deps --require-hashes "${pip_args[@]}" \
+        -r "$entry" \
+      && .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps --require-hashes \
+        --index-strategy unsafe-best-match "${sources[@]}" -r "$lock"; then
+      :
+    else
+      log "uv could not install $lock; installing it with pip instead"
+      .venv/bin/python -m pip install -q --no-compile --no-deps --require-hashes \
+        "${pip_args[@]}" -r "$lock"
+    fi
+    rm -f "$entry"
     # Packages an earlier install left that the lock does not pin (an older lock's, or an
     # unlocked install's): removed, so the venv is the lock and nothing else.
     mapfile -t leftover < <(.venv/bin/python -P harness/lockfile.py extra "$lock")

@@ -72,12 +72,12 @@ class LocalExecutor:
 
 
 def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
-    """The warm processes each slot of `harness run` keeps for `cfg`'s trials, or else (with
-    `executor.warm_components: false`) a zygote to fork every trial's components; None for
-    another executor. A learner under torchrun (several ranks) is not kept: torchrun starts its
-    ranks itself. With warm processes no zygote is started (its imports would cost as much as
-    a warm process's, for restarts alone): restarts start cold, or forked by a zygote the
-    environment names.
+    """The warm processes each slot of `harness run` keeps for `cfg`'s trials, and whether a
+    zygote (`executor.fork_components`) forks them and every component start they do not serve
+    (all of them with `executor.warm_components: false`); None for another executor. A learner
+    under torchrun (several ranks) is not kept: torchrun starts its ranks itself. The zygote
+    pays torch's and transformers' imports once for every warm process of every slot (a vLLM
+    warm process still imports vLLM itself).
 
     Also where `harness run` refuses, before its first trial, CPU sets (`executor.cpu_sets`)
     this machine cannot honour, and warns of components with more threads than CPUs."""
@@ -86,10 +86,9 @@ def warm_plan(cfg: ExperimentConfig) -> WarmPlan | None:
     if cfg.executor.kind != "local":
         return None
     components: dict[str, tuple[str, ...]] = {}
-    if not cfg.executor.warm_components:
-        return WarmPlan(components, zygote=cfg.executor.fork_components)
-    if cfg.executor.learner_ranks == 1:
+    if cfg.executor.warm_components and cfg.executor.learner_ranks == 1:
         components["learner"] = ("learner",)
-    for index in range(cfg.generation.num_generators):
-        components[f"generator-{index}"] = ("generator", cfg.generation.backend)
-    return WarmPlan(components)
+    if cfg.executor.warm_components:
+        for index in range(cfg.generation.num_generators):
+            components[f"generator-{index}"] = ("generator", cfg.generation.backend)
+    return WarmPlan(components, zygote=cfg.executor.fork_components)

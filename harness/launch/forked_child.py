@@ -1,21 +1,35 @@
-"""The supervisor's side of a zygote (`harness.cli_zygote`): where one is, and asking it to
-fork a component start (`warm_child.WarmChild` makes every start it can a fork).
+"""The requesting side of a zygote (`harness.cli_zygote`): where one is, and asking it to fork
+a component start (`warm_child.WarmChild` makes every start it can a fork) or a warm process
+(`warm_slots.WarmProcess.fork`).
 
-A forked component's pid is its own, in its own session, so a kill by pid or process group
+A forked process's pid is its own, in its own session, so a kill by pid or process group
 reaches it as it would reach a cold one; the zygote reports its exit code (or killing signal)
-over the connection the request came on, which the supervisor keeps open while it runs.
+over the connection the request came on, which the requester keeps open while it runs (closing
+it kills the process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
-from collections.abc import Mapping
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.launch.warm_protocol import ProtocolError, decode, encode, read_line
+from harness.launch.warm_protocol import (
+    VANISHED_CODE,
+    ExitReply,
+    ProtocolError,
+    connect,
+    decode,
+    encode,
+    read_line,
+)
 
 # Set by whoever started a zygote (`harness run`, the test suite) in the supervisors'
 # environment: JSON {"socket": path, "pid": pid}.
@@ -40,12 +54,21 @@ def zygote_env(socket_path: Path, pid: int) -> dict[str, str]:
     return {ZYGOTE_ENV: json.dumps({"socket": str(socket_path), "pid": pid})}
 
 
-def request_fork(conn: socket.socket, assignment: dict[str, Any]) -> int | None:
-    """Hand the zygote at the other end of `conn` one start; the forked pid, or None (then the
-    connection is closed, which kills anything the zygote forked for it)."""
+def request_fork(
+    conn: socket.socket,
+    assignment: dict[str, Any],
+    fds: Sequence[int] = (),
+    timeout_s: float = PID_REPLY_TIMEOUT_S,
+) -> int | None:
+    """Hand the zygote at the other end of `conn` one start (with `fds`, descriptors the forked
+    process inherits, passed as SCM_RIGHTS); the forked pid, or None (then the connection is
+    closed, which kills anything the zygote forked for it)."""
     try:
-        conn.settimeout(PID_REPLY_TIMEOUT_S)
-        conn.sendall(encode(assignment))
+        conn.settimeout(timeout_s)
+        if fds:
+            socket.send_fds(conn, [encode(assignment)], list(fds))
+        else:
+            conn.sendall(encode(assignment))
         pid = decode(read_line(conn)).get("pid")
     except (OSError, ProtocolError):
         pid = None
@@ -55,4 +78,67 @@ def request_fork(conn: socket.socket, assignment: dict[str, Any]) -> int | None:
     return pid
 
 
-__all__ = ["ZYGOTE_ENV", "request_fork", "zygote_env", "zygote_from_env"]
+class ForkedProcess:
+    """A process the zygote forked for this one, with the part of `subprocess.Popen`'s interface
+    a warm slot uses (`pid`, `poll`, `wait`, `kill`), so a slot keeps forked and spawned warm
+    processes alike. It lives while the connection is open: closing it (this process dying
+    included) makes the zygote SIGKILL it."""
+
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._conn = conn
+        conn.setblocking(False)
+        self._reply = ExitReply(conn)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._reply.poll()
+            if self.returncode is not None:
+                self._conn.close()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout or 0.0)
+            time.sleep(0.02)
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL its process group (it leads its own session, as a spawned one does)."""
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Let go without waiting: the zygote kills it, if it still runs."""
+        if self.returncode is None:
+            self.returncode = VANISHED_CODE
+        self._conn.close()
+
+
+def fork_process(
+    zygote: tuple[str, int],
+    assignment: dict[str, Any],
+    fds: Sequence[int] = (),
+    timeout_s: float = PID_REPLY_TIMEOUT_S,
+) -> ForkedProcess | None:
+    """Ask `zygote` ((socket path, pid)) to fork `assignment`; None when it cannot be reached or
+    refuses (the caller then starts the process cold)."""
+    conn = connect(zygote[0], timeout_s)
+    if conn is None:
+        return None
+    pid = request_fork(conn, assignment, fds, timeout_s)
+    return None if pid is None else ForkedProcess(conn, pid)
+
+
+__all__ = [
+    "ZYGOTE_ENV",
+    "ForkedProcess",
+    "fork_process",
+    "request_fork",
+    "zygote_env",
+    "zygote_from_env",
+]

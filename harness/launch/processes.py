@@ -191,6 +191,22 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
+def listening_socket(socket_path: Path) -> socket.socket:
+    """A Unix socket bound at `socket_path` (0600, replacing a stale one) and listening: made by
+    whoever starts the process that serves it, so connections wait in its backlog from the
+    start."""
+    socket_path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(str(socket_path))
+        socket_path.chmod(0o600)
+        listener.listen(8)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
 def spawn_listening(
     args: list[str], socket_path: Path, log_path: Path, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
@@ -198,12 +214,8 @@ def spawn_listening(
     here so connections wait in its backlog while the process still imports; output appended to
     `log_path`. Its own session; SIGKILLed the moment this process dies (`harness run` starts
     these from its main thread, as it does trials)."""
-    socket_path.unlink(missing_ok=True)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener = listening_socket(socket_path)
     try:
-        listener.bind(str(socket_path))
-        socket_path.chmod(0o600)
-        listener.listen(8)
         fd = listener.fileno()
         with open_private(log_path) as log:
             return subprocess.Popen(

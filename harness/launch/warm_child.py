@@ -22,13 +22,7 @@ from pathlib import Path
 
 from harness.launch.forked_child import request_fork
 from harness.launch.processes import Child
-from harness.launch.warm_protocol import (
-    VANISHED_CODE,
-    ProtocolError,
-    decode,
-    encode,
-    peer_pid_and_uid,
-)
+from harness.launch.warm_protocol import VANISHED_CODE, ExitReply, connect, encode
 
 CONNECT_TIMEOUT_S = 5.0
 KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
@@ -48,21 +42,20 @@ class WarmChild(Child):
     zygote: tuple[str, int] | None = None
     forked_pid: int | None = field(default=None, repr=False)
     _conn: socket.socket | None = field(default=None, repr=False)
-    _code: int | None = field(default=None, repr=False)
-    _reply: bytes = field(default=b"", repr=False)
+    _reply: ExitReply | None = field(default=None, repr=False)
 
     def start(self) -> None:
         path, self.socket_path = self.socket_path, None  # warm once; a restart starts fresh
         self._close()
-        self._conn, self._code, self._reply, self.forked_pid = None, None, b"", None
+        self._conn, self._reply, self.forked_pid = None, None, None
         warm = path is not None and self.warm_pid is not None and self._runs_harness_cli()
-        conn = _connect(path) if warm else None
+        conn = connect(path, CONNECT_TIMEOUT_S) if warm else None
         if conn is None:
             self._start_fresh()
             return
         self._mark_log_start()
         self.process = None
-        self._conn = conn
+        self._conn, self._reply = conn, ExitReply(conn)
         assignment = {
             **self._assignment(),
             # Pinned per assignment: the warm process runs trials one after another, and an
@@ -77,14 +70,18 @@ class WarmChild(Child):
     def _start_fresh(self) -> None:
         """A start no warm process serves: forked by the zygote (`harness.cli_zygote`) where
         one answers, else a cold subprocess (`Child.start`)."""
-        conn = _connect(self.zygote[0]) if self.zygote and self._runs_harness_cli() else None
+        conn = (
+            connect(self.zygote[0], CONNECT_TIMEOUT_S)
+            if self.zygote and self._runs_harness_cli()
+            else None
+        )
         self._mark_log_start()
         pid = request_fork(conn, self._fork_assignment()) if conn is not None else None
         if conn is None or pid is None:
             super().start()
             return
         self.process = None
-        self._conn, self.forked_pid = conn, pid
+        self._conn, self._reply, self.forked_pid = conn, ExitReply(conn), pid
         conn.setblocking(False)
         self.write_pid_file(pid)
 
@@ -111,11 +108,9 @@ class WarmChild(Child):
         self.log_start = log_path.stat().st_size if log_path.exists() else 0
 
     def poll(self) -> int | None:
-        if self._conn is None:
+        if self._reply is None:
             return super().poll()
-        if self._code is None:
-            self._code = self._read_reply()
-        return self._code
+        return self._reply.poll()
 
     @property
     def pid(self) -> int | None:
@@ -141,26 +136,6 @@ class WarmChild(Child):
     def _runs_harness_cli(self) -> bool:
         return tuple(self.args[1:3]) == _CLI_PREFIX
 
-    def _read_reply(self) -> int | None:
-        """The exit code once the reply is in; VANISHED_CODE if the process is gone without one."""
-        assert self._conn is not None
-        try:
-            chunk = self._conn.recv(4096)
-        except BlockingIOError:
-            return None
-        except OSError:
-            return VANISHED_CODE
-        if not chunk:
-            return VANISHED_CODE
-        self._reply += chunk
-        if not self._reply.endswith(b"\n"):
-            return None
-        try:
-            code = decode(self._reply[:-1]).get("exit")
-        except ProtocolError:
-            return VANISHED_CODE
-        return code if isinstance(code, int) else VANISHED_CODE
-
     def _wait(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while self.poll() is None:
@@ -177,25 +152,10 @@ class WarmChild(Child):
                 os.kill(self.warm_pid, signum)
 
     def _close(self) -> None:
-        if self._conn is not None and self._code is None:
-            self._code = VANISHED_CODE  # a poll after this must not report a running process
+        if self._reply is not None and self._reply.code is None:
+            self._reply.code = VANISHED_CODE  # a poll after this must not report a running one
         if self._conn is not None:
             self._conn.close()
-
-
-def _connect(path: str) -> socket.socket | None:
-    """A connection to the warm process at `path`, or None where none listens any more."""
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    conn.settimeout(CONNECT_TIMEOUT_S)
-    try:
-        conn.connect(path)
-    except OSError:
-        conn.close()
-        return None
-    if peer_pid_and_uid(conn)[1] != os.getuid():  # only this user's `harness run` made it
-        conn.close()
-        return None
-    return conn
 
 
 __all__ = ["WarmChild"]

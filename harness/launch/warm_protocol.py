@@ -65,6 +65,40 @@ def read_line(conn: socket.socket) -> bytes:
     return data[:-1]
 
 
+class ExitReply:
+    """The `{"exit": code}` line that ends a connection to a warm process or the zygote, read
+    without blocking: `poll()` is None until it is in, then the code; VANISHED_CODE when the
+    other end closed (or sent something else) without one."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.code: int | None = None
+        self._data = b""
+
+    def poll(self) -> int | None:
+        if self.code is None:
+            self.code = self._read()
+        return self.code
+
+    def _read(self) -> int | None:
+        try:
+            chunk = self.conn.recv(4096)
+        except (BlockingIOError, TimeoutError):
+            return None
+        except OSError:
+            return VANISHED_CODE
+        if not chunk:
+            return VANISHED_CODE
+        self._data += chunk
+        if not self._data.endswith(b"\n"):
+            return None
+        try:
+            code = decode(self._data[:-1]).get("exit")
+        except ProtocolError:
+            return VANISHED_CODE
+        return code if isinstance(code, int) and not isinstance(code, bool) else VANISHED_CODE
+
+
 def peer_pid_and_uid(conn: socket.socket) -> tuple[int, int]:
     """The pid and uid of the process at the other end of a Unix socket (SO_PEERCRED)."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -74,6 +108,22 @@ def peer_pid_and_uid(conn: socket.socket) -> tuple[int, int]:
 
 def same_user(conn: socket.socket) -> bool:
     return peer_pid_and_uid(conn)[1] == os.getuid()
+
+
+def connect(path: str, timeout_s: float) -> socket.socket | None:
+    """A connection to the process listening at `path` (a warm process, a zygote) if it is this
+    user's, else None (none listens any more, or a stranger does)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout_s)
+    try:
+        conn.connect(path)
+    except OSError:
+        conn.close()
+        return None
+    if not same_user(conn):
+        conn.close()
+        return None
+    return conn
 
 
 def warm_components_from_env(
@@ -102,7 +152,9 @@ __all__ = [
     "VANISHED_CODE",
     "WARM_COMPONENTS_ENV",
     "WARM_ENGINES_ENV",
+    "ExitReply",
     "ProtocolError",
+    "connect",
     "decode",
     "encode",
     "peer_pid_and_uid",

@@ -21,17 +21,21 @@ in the backlog instead of finding no socket and starting cold.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.forked_child import zygote_env, zygote_from_env
-from harness.launch.processes import spawn_listening
+from harness.launch.forked_child import ForkedProcess, fork_process, zygote_env, zygote_from_env
+from harness.launch.processes import listening_socket, spawn_listening
 from harness.launch.warm_protocol import warm_components_env
 
 KILL_WAIT_S = 10.0  # SIGKILL is asynchronous; this only bounds a stuck kernel
+# A zygote `harness run` just started is still importing when the first slot is filled: its
+# reply may take its import time (seconds; more on a loaded machine).
+FORK_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -40,28 +44,60 @@ class WarmPlan:
     keys), e.g. {"learner": ("learner",), "generator-0": ("generator", "vllm")}."""
 
     components: dict[str, tuple[str, ...]]
-    # Also keep a zygote (`harness.cli_zygote`) that forks every start no warm process
-    # serves (all of them without warm components; every restart), unless the environment
-    # already names one.
+    # Also keep a zygote (`harness.cli_zygote`), unless the environment already names one: it
+    # forks the warm processes themselves and every start no warm process serves (all of them
+    # without warm components; every restart).
     zygote: bool = False
 
 
 @dataclass
 class WarmProcess:
-    """One warm component process and the socket it listens on."""
+    """One warm component process and the socket it listens on: spawned (a fresh interpreter)
+    or forked by a zygote (`ForkedProcess`, which answers as much of Popen as is used here)."""
 
     name: str
     socket_path: Path
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
 
     @classmethod
     def spawn(
         cls, name: str, preload: tuple[str, ...], socket_path: Path, log_path: Path, env: dict
     ) -> WarmProcess:
-        args = ["-m", "harness.cli_warm"]
-        for item in preload:
-            args += ["--preload", item]
+        args = ["-m", "harness.cli_warm", *_preload_args(preload)]
         return cls(name, socket_path, spawn_listening(args, socket_path, log_path, env))
+
+    @classmethod
+    def fork(
+        cls,
+        name: str,
+        preload: tuple[str, ...],
+        socket_path: Path,
+        log_path: Path,
+        *,
+        env: dict[str, str],
+        zygote: tuple[str, int],
+    ) -> WarmProcess | None:
+        """The same process forked by `zygote` (torch and transformers already imported there;
+        a vLLM preload is imported by the fork), or None where the zygote does not answer.
+        Its listening socket is made here and passed along, as `spawn` passes it to a child."""
+        listener = listening_socket(socket_path)
+        try:
+            assignment = {
+                "module": "harness.cli_warm",
+                "argv": _preload_args(preload),
+                "env": env,
+                "cwd": os.getcwd(),
+                "log": str(log_path.resolve()),
+                "cpus": sorted(os.sched_getaffinity(0)),
+                "name": name,
+            }
+            forked = fork_process(zygote, assignment, [listener.fileno()], FORK_TIMEOUT_S)
+        finally:
+            listener.close()  # the fork holds the only listening copy now (if any)
+        if forked is None:
+            socket_path.unlink(missing_ok=True)
+            return None
+        return cls(name, socket_path, forked)
 
     @classmethod
     def spawn_zygote(cls, socket_path: Path, log_path: Path, env: dict[str, str]) -> WarmProcess:
@@ -84,7 +120,13 @@ class WarmProcess:
                 self.process.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=KILL_WAIT_S)
+        if isinstance(self.process, ForkedProcess):
+            self.process.close()
         self.socket_path.unlink(missing_ok=True)
+
+
+def _preload_args(preload: tuple[str, ...]) -> list[str]:
+    return [arg for item in preload for arg in ("--preload", item)]
 
 
 @dataclass
@@ -105,7 +147,9 @@ class WarmSlots:
         self._socket_dir: Path | None = None
         self._env: dict[str, str] = {}
         self._zygote: WarmProcess | None = None
+        self._fork_from: tuple[str, int] | None = None  # the zygote the warm processes fork from
         self.spawned = 0  # warm processes started so far (a benchmark and the tests read it)
+        self.forked = 0  # of which forked by a zygote
 
     def lease(self, env: dict[str, str]) -> tuple[int, dict[str, str]]:
         """A free slot for a trial, and what to add to the trial's environment."""
@@ -114,10 +158,12 @@ class WarmSlots:
             # (possibly long) output directory.
             self._socket_dir = Path(tempfile.mkdtemp(prefix="harness-warm-"))
             self._env = dict(env)
-            if self.plan.zygote and zygote_from_env(env) is None:
+            self._fork_from = zygote_from_env(env)
+            if self.plan.zygote and self._fork_from is None:
                 self._zygote = WarmProcess.spawn_zygote(
                     self._socket_dir / "zygote.sock", self.log_dir / "zygote.log", self._env
                 )
+                self._fork_from = zygote_from_env(self._zygote.zygote_env)
             for slot in self._slots:
                 self._fill(slot)
         slot = next(slot for slot in self._slots if not slot.busy)
@@ -166,14 +212,18 @@ class WarmSlots:
                 continue
             if proc is not None:
                 proc.kill()
-            slot.processes[name] = WarmProcess.spawn(
-                name,
-                preload,
-                self._socket_dir / f"s{slot.index}-{name}.sock",
-                self.log_dir / f"slot-{slot.index}-{name}.log",
-                self._env,
+            socket_path = self._socket_dir / f"s{slot.index}-{name}.sock"
+            log_path = self.log_dir / f"slot-{slot.index}-{name}.log"
+            forked = None
+            if self._fork_from is not None:
+                forked = WarmProcess.fork(
+                    name, preload, socket_path, log_path, env=self._env, zygote=self._fork_from
+                )
+            slot.processes[name] = forked or WarmProcess.spawn(
+                name, preload, socket_path, log_path, self._env
             )
             self.spawned += 1
+            self.forked += forked is not None
 
 
 __all__ = ["WarmPlan", "WarmProcess", "WarmSlots"]

@@ -21,10 +21,12 @@ from harness.lockfile import (
     canonical_name,
     dependency_digest,
     installed_versions,
+    lock_entry,
     read_pins,
     recorded_digest,
     stale_lock_message,
     stamp,
+    uv_source_args,
     venv_differences,
 )
 
@@ -87,6 +89,58 @@ def test_pins_parse_names_with_extras_and_markers(tmp_path: Path) -> None:
     # The marker decides: on 3.11.3 and later async-timeout is not wanted.
     wanted = applicable_pins(pins)
     assert ("async-timeout" in wanted) == (sys.version_info < (3, 11, 3))
+
+
+def test_a_lock_entry_is_one_package_with_all_its_hashes(tmp_path: Path) -> None:
+    """What setup.sh hands pip to install uv by hash: the pin and every hash line, nothing of
+    the next package; a package the lock lacks is an error, not an empty file."""
+    lock = tmp_path / "lock.txt"
+    lock.write_text(
+        "Typing_Extensions==4.16.0 \\\n    --hash=sha256:11\n"
+        "uv==0.13.9 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n    # via gspo-harness\n"
+        "wheel==0.48.0 \\\n    --hash=sha256:cc\n"
+    )
+    uv_entry = "uv==0.13.9 \\\n    --hash=sha256:aa \\\n    --hash=sha256:bb\n"
+    assert lock_entry(lock, "uv") == uv_entry
+    assert lock_entry(lock, "typing-extensions").startswith("Typing_Extensions==4.16.0")
+    with pytest.raises(KeyError, match="numpy"):
+        lock_entry(lock, "numpy")
+    # the real lock pins uv (the dev extra) with its hashes
+    entry = lock_entry(LOCKS[0], "uv")
+    assert entry.startswith(f"uv=={read_pins(LOCKS[0])['uv'].version} ")
+    assert entry.count("--hash=sha256:") >= 1 and not entry.rstrip().endswith("\\")
+
+
+def test_uv_gets_the_sources_pip_is_configured_with() -> None:
+    """uv reads no pip configuration: `pip config list` is translated, the environment
+    overriding the install section overriding global, as in pip; lists split on whitespace."""
+    listed = "\n".join(
+        [
+            "global.cert='/etc/ssl/certs/ca-certificates.crt'",
+            "global.extra-index-url='file:///opt/pypi/simple file:///opt/pypi-more/simple'",
+            "global.find-links='/opt/global-wheels'",
+            "install.find-links='/opt/install-wheels'",
+            ":env:.find-links='/opt/wheels'",
+            "global.index-url='https://mirror.example/simple'",
+            "global.timeout='60'",
+        ]
+    )
+    assert uv_source_args(listed) == [
+        "--index-url",
+        "https://mirror.example/simple",
+        "--extra-index-url",
+        "file:///opt/pypi/simple",
+        "--extra-index-url",
+        "file:///opt/pypi-more/simple",
+        "--find-links",
+        "/opt/wheels",
+    ]
+    assert uv_source_args("") == []
+    assert uv_source_args("global.no-index='true'\nglobal.find-links='/w'") == [
+        "--find-links",
+        "/w",
+        "--no-index",
+    ]
 
 
 def test_a_changed_requirement_makes_the_lock_stale(tmp_path: Path) -> None:

@@ -88,11 +88,13 @@ def test_the_plan_keeps_what_a_trial_starts_and_nothing_torchrun_or_ray_starts()
     torch_two_ranks = ["generation.backend=torch", "executor.learner_ranks=2"]
     plan = warm_plan(load_config(QUICKSTART, torch_two_ranks))
     assert plan is not None and plan.components == {"generator-0": ("generator", "torch")}
-    assert not plan.zygote  # with warm processes, no zygote of its own
+    assert plan.zygote  # it forks the warm processes (and their restarts)
     cold = warm_plan(load_config(QUICKSTART, ["executor.warm_components=false"]))
     assert cold is not None and cold.components == {} and cold.zygote
     plain = ["executor.warm_components=false", "executor.fork_components=false"]
     assert warm_plan(load_config(QUICKSTART, plain)) == WarmPlan({})
+    spawned = warm_plan(load_config(QUICKSTART, ["executor.fork_components=false"]))
+    assert spawned is not None and len(spawned.components) == 2 and not spawned.zygote
     assert warm_plan(load_config(QUICKSTART, ["executor.kind=ray"])) is None
 
 

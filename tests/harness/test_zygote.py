@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.config import load_config_data
@@ -108,6 +109,78 @@ def test_a_warm_component_restarts_forked(tmp_path: Path, monkeypatch: pytest.Mo
         assert f"component process {child.pid}: {FORKED_LINE}" in log.read_text()
     finally:
         warm.close()
+
+
+def test_a_slot_forks_its_warm_processes_from_the_zygote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a zygote in the environment a slot's warm process is forked, not spawned: the
+    zygote's child, in its own session, listening on the socket the slot made; it runs a
+    command as a spawned one does, a failure ends it and its replacement is forked too; closing
+    the slots ends it (the zygote kills what its requester let go)."""
+    monkeypatch.chdir(REPO)
+    _, zygote_pid = session_zygote()
+    warm = WarmSlots(WarmPlan({"learner": ()}), slots=1, log_dir=tmp_path / "warm")
+    try:
+        index, env = warm.lease(dict(os.environ))
+        ((path, warm_pid),) = warm_components_from_env(env).values()
+        assert warm.forked == warm.spawned == 1
+        assert psutil.Process(warm_pid).ppid() == zygote_pid
+        assert os.getpgid(warm_pid) == warm_pid
+        slot_log = tmp_path / "warm" / "slot-0-learner.log"
+        assert slot_log.read_text().splitlines()[0] == (
+            f"warm process {warm_pid}: {FORKED_LINE} {zygote_pid}"
+        )
+        assert oct(Path(path).stat().st_mode & 0o777) == oct(0o600)
+        log = tmp_path / "learner.log"
+        child = WarmChild("learner", config_show("configs/quickstart.yaml", "learner.steps=7"),
+                          log, {}, socket_path=path, warm_pid=warm_pid)  # fmt: skip
+        child.start()
+        assert child.pid == warm_pid and finish(child) == 0
+        assert "steps: 7" in log.read_text()
+        warm.release(index, keep=True)
+        assert warm.pids(index) == {"learner": warm_pid} and alive(warm_pid)  # served on
+
+        index, env = warm.lease(dict(os.environ))
+        child = WarmChild("learner", config_show("configs/no_such.yaml"), log, {},
+                          socket_path=path, warm_pid=warm_pid)  # fmt: skip
+        child.start()
+        assert finish(child) == 2
+        wait_until_dead(warm_pid)
+        warm.release(index, keep=True)  # dead: replaced, by a fork again
+        (fresh,) = warm.pids(index).values()
+        assert fresh != warm_pid and alive(fresh) and warm.forked == warm.spawned == 2
+    finally:
+        warm.close()
+    wait_until_dead(fresh)
+    assert alive(zygote_pid)
+
+
+def test_a_forked_warm_process_dies_with_the_run_that_asked_for_it(tmp_path: Path) -> None:
+    """`harness run` SIGKILLed: its connection to the zygote closes and the zygote kills the
+    warm processes forked for it at once, as PR_SET_PDEATHSIG kills spawned ones."""
+    script = (
+        "import os, sys, time\n"
+        "from pathlib import Path\n"
+        "from harness.launch.warm_slots import WarmPlan, WarmSlots\n"
+        "warm = WarmSlots(WarmPlan({'learner': ()}), slots=1, log_dir=Path(sys.argv[1]))\n"
+        "index, env = warm.lease(dict(os.environ))\n"
+        "print(warm.pids(index)['learner'], warm.forked, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    run = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "warm")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert run.stdout is not None
+    warm_pid, forked = map(int, run.stdout.readline().split())
+    assert forked == 1 and alive(warm_pid)
+    run.kill()
+    run.wait()
+    wait_until_dead(warm_pid, timeout_s=10)
+    assert alive(session_zygote()[1])
 
 
 def test_the_zygote_ignores_a_bad_request_and_serves_the_next(
@@ -214,11 +287,13 @@ def test_a_cold_trial_equals_the_shared_trial_the_zygote_forked(
 
 
 @pytest.mark.e2e
+@pytest.mark.parametrize("warm", [True, False], ids=["warm components", "cold components"])
 def test_harness_run_forks_its_trials_components_from_a_zygote_of_its_own(
-    tmp_path: Path,
+    tmp_path: Path, warm: bool
 ) -> None:
-    """Without a zygote in its environment (and without warm components), `harness run` starts
-    one: its trial's components say they were forked by it, and it is gone when the run ends."""
+    """Without a zygote in its environment, `harness run` starts one: with warm components
+    (the default) its slot's warm processes say they were forked by it, without them its
+    trial's components do; it is gone when the run ends."""
     from tests.harness.test_ray_executor import _write_config  # a config of the quickstart's
 
     config = _write_config(
@@ -227,13 +302,21 @@ def test_harness_run_forks_its_trials_components_from_a_zygote_of_its_own(
     )
     env = {k: v for k, v in os.environ.items() if k != ZYGOTE_ENV}
     argv = [sys.executable, "-m", "harness.cli", "run", str(config), "--out", str(tmp_path / "x")]
-    done = run_argv([*argv, "--steps", "2", "executor.warm_components=false"], env=env)
+    done = run_argv([*argv, "--steps", "2", f"executor.warm_components={warm}"], env=env)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    zygote_log = tmp_path / "x" / "warm_components" / "zygote.log"
-    ready = zygote_log.read_text().split()
+    warm_dir = tmp_path / "x" / "warm_components"
+    ready = (warm_dir / "zygote.log").read_text().split()
     zygote_pid = int(ready[ready.index("zygote") + 1].rstrip(":"))
     _, session_pid = session_zygote()
     assert zygote_pid != session_pid and not alive(zygote_pid)
     (trial,) = (tmp_path / "x" / "trials").iterdir()
     for name in ("learner", "generator-0"):
-        assert f"{FORKED_LINE} {zygote_pid}" in (trial / "logs" / f"{name}.log").read_text()
+        log = (trial / "logs" / f"{name}.log").read_text()
+        if warm:  # served by the slot's warm process, which the zygote forked
+            assert "warm component process" in log and FORKED_LINE not in log
+            first = (warm_dir / f"slot-0-{name}.log").read_text().splitlines()[0]
+            assert first.startswith("warm process ") and first.endswith(
+                f"{FORKED_LINE} {zygote_pid}"
+            )
+        else:
+            assert f"{FORKED_LINE} {zygote_pid}" in log
