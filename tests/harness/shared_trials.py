@@ -69,9 +69,9 @@ class Recipe:
 # GRPO, 2 steps at lag 0 (checkpoint at 2), primary greedy eval only: copied and broken by
 # test_trial_failures; test_trial_evals' trial without eval sets.
 GRPO_TWO_STEPS = Recipe("grpo", steps=2, extra=NO_EVALS)
-# GRPO at fixed lag 1, 14 steps: test_fault_injection's uninterrupted reference, and through
+# GRPO at fixed lag 1, 80 steps: test_fault_injection's uninterrupted reference, and through
 # its first 4 steps test_trial's.
-GRPO_LAG1 = Recipe("grpo", steps=14, lag=1)
+GRPO_LAG1 = Recipe("grpo", steps=80, lag=1)
 
 
 @dataclass(frozen=True)
