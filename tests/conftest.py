@@ -28,6 +28,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,11 +80,23 @@ LONGEST_FIRST = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """pytest-xdist's loadscope hands out modules by their number of tests, most first, unless
+    told to keep the collection's order: kept, so the order below decides."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LONGEST_FIRST's modules first, in that order; everything else after, as collected (the
-    sort is stable: tests within a module keep their file order)."""
+    """LONGEST_FIRST's modules first, in that order; then the others by their number of tests,
+    most first (xdist's own order); tests within a module keep their file order."""
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    sizes = Counter(_module(item) for item in items)
+    items.sort(key=lambda item: (rank.get(_module(item), len(rank)), -sizes[_module(item)]))
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
