@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from harness.launch.warm_protocol import (
     VANISHED_CODE,
     ExitReply,
@@ -35,6 +37,7 @@ from harness.launch.warm_protocol import (
 # environment: JSON {"socket": path, "pid": pid}.
 ZYGOTE_ENV = "HARNESS_ZYGOTE"
 PID_REPLY_TIMEOUT_S = 10.0  # a fork takes milliseconds; this only bounds a stuck zygote
+REAP_WAIT_S = 5.0  # the zygote reports an ended child within milliseconds; bounds a stuck one
 
 
 def zygote_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, int] | None:
@@ -94,6 +97,15 @@ class ForkedProcess:
     def poll(self) -> int | None:
         if self.returncode is None:
             self.returncode = self._reply.poll()
+            if self.returncode is None and not _running(self.pid):
+                # It ended and the zygote's reply is on its way (it reaps on SIGCHLD): wait for
+                # it, as Popen.poll would see the exit at once.
+                deadline = time.monotonic() + REAP_WAIT_S
+                while self.returncode is None and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    self.returncode = self._reply.poll()
+                if self.returncode is None:
+                    self.returncode = VANISHED_CODE
             if self.returncode is not None:
                 self._conn.close()
         return self.returncode
@@ -117,6 +129,14 @@ class ForkedProcess:
         if self.returncode is None:
             self.returncode = VANISHED_CODE
         self._conn.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie the zygote has not reaped yet does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def fork_process(

@@ -127,10 +127,9 @@ def test_a_slot_forks_its_warm_processes_from_the_zygote(
         assert warm.forked == warm.spawned == 1
         assert psutil.Process(warm_pid).ppid() == zygote_pid
         assert os.getpgid(warm_pid) == warm_pid
-        slot_log = tmp_path / "warm" / "slot-0-learner.log"
-        assert slot_log.read_text().splitlines()[0] == (
-            f"warm process {warm_pid}: {FORKED_LINE} {zygote_pid}"
-        )
+        # the fork writes its log's first line once it runs (after the zygote's reply)
+        first = _first_line(tmp_path / "warm" / "slot-0-learner.log")
+        assert first == f"warm process {warm_pid}: {FORKED_LINE} {zygote_pid}"
         assert oct(Path(path).stat().st_mode & 0o777) == oct(0o600)
         log = tmp_path / "learner.log"
         child = WarmChild("learner", config_show("configs/quickstart.yaml", "learner.steps=7"),
@@ -154,6 +153,14 @@ def test_a_slot_forks_its_warm_processes_from_the_zygote(
         warm.close()
     wait_until_dead(fresh)
     assert alive(zygote_pid)
+
+
+def _first_line(path: Path, timeout_s: float = 30) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} has no line after {timeout_s} s"
+        time.sleep(0.05)
+    return path.read_text().splitlines()[0]
 
 
 def test_a_forked_warm_process_dies_with_the_run_that_asked_for_it(tmp_path: Path) -> None:
