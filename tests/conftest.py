@@ -26,9 +26,9 @@ import secrets
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +42,7 @@ from harness.launch.forked_child import ZYGOTE_ENV, zygote_from_env
 from harness.launch.warm_slots import WarmProcess
 from tests.learner.registries import restored_registries
 from tests.s3 import S3Server, start_s3_server
+from tests.timing_log import longest_first
 
 hypothesis_settings.register_profile("derandomized", derandomize=True, database=None)
 hypothesis_settings.register_profile("random", derandomize=False)
@@ -64,20 +65,9 @@ if (suite_threads := _suite_threads()) is not None:
     torch._C.set_num_threads(suite_threads)
 
 
-# The modules that take longest (`TESTS_TIMING_LOG`, then `python -m tests.timing_log`), handed
-# to the workers first: the longest jobs first, so that no long module starts late and finishes
-# the suite alone while the other worker idles. test_ray_executor mostly waits on Ray (131 CPU-s
-# in 256 s alone): begun first, it overlaps the CPU-bound modules instead of trailing them.
-LONGEST_FIRST = (
-    "tests/harness/test_ray_executor.py",
-    "tests/harness/test_fault_injection.py",
-    "tests/harness/test_trial.py",
-    "tests/harness/test_plan.py",
-    "tests/harness/test_mistral_vocab.py",
-    "tests/harness/test_zygote.py",
-    "tests/harness/test_learning.py",
-    "tests/analysis/test_report_browser.py",
-)
+# Each module's seconds in recent full runs (`python -m tests.timing_log LOG... --write` this
+# file): the suite hands the longest modules to the workers first.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -87,12 +77,73 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
 
 
+PREBUILD: pytest.StashKey[tuple[subprocess.Popen, Path]] = pytest.StashKey()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A full parallel run (README (b)) starts tests.prebuild_models beside its workers, niced:
+    the shared built-in models are built in the cores' idle time (the Ray tests' waits) instead
+    of inside the first test needing each. `TESTS_PREBUILD_MODELS=0` turns it off."""
+    config = session.config
+    if not _prebuild_wanted(config):
+        return
+    log = Path(tempfile.mkstemp(prefix="prebuild-models-", suffix=".log")[1])
+    with log.open("w") as handle:
+        builder = subprocess.Popen(
+            ["nice", "-n", "10", sys.executable, "-m", "tests.prebuild_models"],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    config.stash[PREBUILD] = (builder, log)
+
+
+def _prebuild_wanted(config: pytest.Config) -> bool:
+    """The controller of a run with xdist workers over the whole suite (no paths, -k or -m):
+    a run of a few modules may need none of the models."""
+    return (
+        not os.environ.get("PYTEST_XDIST_WORKER")
+        and os.environ.get("TESTS_PREBUILD_MODELS", "1") != "0"
+        and bool(config.getoption("numprocesses", default=None))
+        and config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.keyword
+        and not config.option.markexpr
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say so when the prebuild failed: the tests then built what they needed themselves."""
+    if PREBUILD not in terminalreporter.config.stash:
+        return
+    builder, log = terminalreporter.config.stash[PREBUILD]
+    if builder.poll() not in (None, 0):
+        terminalreporter.write_line(f"tests.prebuild_models exited {builder.returncode}: see {log}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A suite that ended before the builds did stops them (the builder removes its staging
+    directory on SIGTERM)."""
+    if PREBUILD not in config.stash:
+        return
+    builder, _ = config.stash[PREBUILD]
+    if builder.poll() is None:
+        builder.terminate()
+    try:
+        builder.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        builder.kill()
+        builder.wait()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """LONGEST_FIRST's modules first, in that order; then the others by their number of tests,
-    most first (xdist's own order); tests within a module keep their file order."""
-    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
-    sizes = Counter(_module(item) for item in items)
-    items.sort(key=lambda item: (rank.get(_module(item), len(rank)), -sizes[_module(item)]))
+    """Modules longest first (tests.timing_log.longest_first over MODULE_SECONDS); tests within
+    a module keep their file order. test_ray_executor, the longest, mostly waits on Ray (131
+    CPU-s in 256 s alone): begun first, it overlaps the CPU-bound modules instead of trailing
+    them."""
+    known = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.exists() else {}
+    order = longest_first([_module(item) for item in items], known)
+    rank = {module: index for index, module in enumerate(order)}
+    items.sort(key=lambda item: rank[_module(item)])
 
 
 def _module(item: pytest.Item) -> str:
