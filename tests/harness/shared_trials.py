@@ -124,21 +124,25 @@ def pinned_cpu_sets() -> tuple[str, ...]:
 
 
 # The vLLM generator's experiment: every objective (GSPO, GRPO, PPO with its critic, GSPO-token)
-# at fixed lags 0 and 1, 2 steps each (SMALL, both eval sets), one trial at a time in one slot
-# of warm component processes: the first trial starts the slot's vLLM engine, the other seven
-# keep it (reset to the initial weights). test_trial reads the arms' trials; test_warm_components
-# the kept engine; and both compare its GRPO lag-1 trial with a cold `harness trial` of the same
-# configuration (VLLM_GRPO_LAG1), bit for bit. Their evals run on the vLLM engine
-# (`eval.engine: generator`): its greedy and seeded sampling, between rollout rounds. Its
-# learner and generator are pinned to disjoint CPUs (executor.cpu_sets, on 2 or more CPUs),
-# re-pinned at each of the eight trials of their warm processes: test_cpu_sets reads that;
-# pinning changes no result, so the cold, unpinned trial still matches bit for bit.
+# at fixed lag 0 and GRPO at lag 1 too (an arm's own `staleness.lags`), 2 steps each (SMALL,
+# both eval sets), one trial at a time in one slot of warm component processes: the first trial
+# starts the slot's vLLM engine, the other four keep it (reset to the initial weights).
+# test_trial reads the arms' trials; test_warm_components the kept engine; and both compare its
+# GRPO lag-1 trial with a cold `harness trial` of the same configuration (VLLM_GRPO_LAG1), bit
+# for bit. Their evals run on the vLLM engine (`eval.engine: generator`): its greedy and seeded
+# sampling, between rollout rounds. Its learner and generator are pinned to disjoint CPUs
+# (executor.cpu_sets, on 2 or more CPUs), re-pinned at each of the five trials of their warm
+# processes: test_cpu_sets reads that; pinning changes no result, so the cold, unpinned trial
+# still matches bit for bit.
 VLLM_ARMS = Experiment(
     (
         *SMALL,
         "generation.backend=vllm",
-        "arms=[{name: gspo, objective: gspo}, {name: grpo, objective: grpo}, "
-        "{name: ppo, objective: ppo}, {name: gspo_token, objective: gspo_token}]",
+        # every objective at lag 0; GRPO at lag 1 too, where the generator runs a batch ahead
+        # (the other arms' lag-1 trials pinned nothing the GRPO one does not)
+        "arms=[{name: gspo, objective: gspo, staleness: {lags: [0]}}, "
+        "{name: grpo, objective: grpo}, {name: ppo, objective: ppo, staleness: {lags: [0]}}, "
+        "{name: gspo_token, objective: gspo_token, staleness: {lags: [0]}}]",
         "seeds=[0]",
         "staleness.lags=[0, 1]",
         "tracking.enabled=false",

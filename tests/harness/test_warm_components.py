@@ -247,14 +247,18 @@ def warm_trial_number(trial: Path, component: str) -> int | None:
 def test_a_kept_vllm_engine_gives_the_next_trial_bitwise_what_a_fresh_one_gives(
     vllm_arms: Path, vllm_grpo_lag1: Path
 ) -> None:
-    """Eight trials on one slot (the shared vLLM experiment), in the order they ran: the first
-    starts the slot's learner, generator and vLLM engine; every later one gets the same
-    processes and the same engine, put back on the initial weights after the trials before it
-    trained. One of them equals a cold `harness trial` of it bit for bit."""
-    trials = [
-        vllm_arms / "trials" / f"{arm}__seed0__lag{lag}__fixed"
-        for arm in ("gspo", "grpo", "ppo", "gspo_token")
-        for lag in (0, 1)
+    """Five trials on one slot (the shared vLLM experiment: four objectives at lag 0, GRPO at
+    lag 1 too), in the order they ran: the first starts the slot's learner, generator and vLLM
+    engine; every later one gets the same processes and the same engine, put back on the
+    initial weights after the trials before it trained. One of them equals a cold `harness
+    trial` of it bit for bit."""
+    trials = sorted(path for path in (vllm_arms / "trials").iterdir() if path.is_dir())
+    assert [trial.name for trial in trials] == [
+        "grpo__seed0__lag0__fixed",
+        "grpo__seed0__lag1__fixed",
+        "gspo__seed0__lag0__fixed",
+        "gspo_token__seed0__lag0__fixed",
+        "ppo__seed0__lag0__fixed",
     ]
     assert {status(trial) for trial in trials} == {"completed"}
     by_start = sorted(trials, key=lambda t: warm_trial_number(t, "generator-0") or 0)
