@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,29 @@ def zygote_from_env(environ: Mapping[str, str] = os.environ) -> tuple[str, int] 
 
 def zygote_env(socket_path: Path, pid: int) -> dict[str, str]:
     return {ZYGOTE_ENV: json.dumps({"socket": str(socket_path), "pid": pid})}
+
+
+def fork_request(
+    *,
+    name: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_path: Path | str,
+    cpus: Iterable[int],
+    **extra: object,
+) -> dict[str, Any]:
+    """A start as the zygote takes it, run as a cold start from here would run: in this
+    process's working directory, output appended to `log_path`, on `cpus`; `extra` adds the
+    fields only some starts have (`module`, `pinned`)."""
+    return {
+        "argv": list(argv),
+        "env": dict(env),
+        "cwd": os.getcwd(),
+        "log": str(Path(log_path).resolve()),
+        "cpus": sorted(cpus),
+        "name": name,
+        **extra,
+    }
 
 
 def request_fork(
@@ -118,11 +141,15 @@ class ForkedProcess:
             time.sleep(0.02)
         return code
 
-    def kill(self) -> None:
-        """SIGKILL its process group (it leads its own session, as a spawned one does)."""
+    def send_signal(self, signum: int) -> None:
+        """Signal its process group (it leads its own session, as a spawned one does), while
+        it runs."""
         if self.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def close(self) -> None:
         """Let go without waiting: the zygote kills it, if it still runs."""
@@ -158,6 +185,7 @@ __all__ = [
     "ZYGOTE_ENV",
     "ForkedProcess",
     "fork_process",
+    "fork_request",
     "request_fork",
     "zygote_env",
     "zygote_from_env",

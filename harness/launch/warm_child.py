@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.forked_child import request_fork
+from harness.launch.forked_child import ForkedProcess, fork_process, fork_request
 from harness.launch.processes import Child
 from harness.launch.warm_protocol import VANISHED_CODE, ExitReply, connect, encode
 
@@ -40,14 +40,15 @@ class WarmChild(Child):
     warm_pid: int | None = None
     # (socket path, pid) of a zygote that forks every start no warm process serves.
     zygote: tuple[str, int] | None = None
-    forked_pid: int | None = field(default=None, repr=False)
+    # The start the zygote forked, or the warm process's connection (while it runs ours).
+    _forked: ForkedProcess | None = field(default=None, repr=False)
     _conn: socket.socket | None = field(default=None, repr=False)
     _reply: ExitReply | None = field(default=None, repr=False)
 
     def start(self) -> None:
         path, self.socket_path = self.socket_path, None  # warm once; a restart starts fresh
         self._close()
-        self._conn, self._reply, self.forked_pid = None, None, None
+        self._forked, self._conn, self._reply = None, None, None
         warm = path is not None and self.warm_pid is not None and self._runs_harness_cli()
         conn = connect(path, CONNECT_TIMEOUT_S) if warm else None
         if conn is None:
@@ -56,13 +57,7 @@ class WarmChild(Child):
         self._mark_log_start()
         self.process = None
         self._conn, self._reply = conn, ExitReply(conn)
-        assignment = {
-            **self._assignment(),
-            # Pinned per assignment: the warm process runs trials one after another, and an
-            # assignment without CPU sets gets back the mask the process started with.
-            "cpus": sorted(self.cpus) if self.cpus else None,
-        }
-        conn.sendall(encode(assignment))
+        conn.sendall(encode(self._assignment()))
         conn.setblocking(False)
         assert self.warm_pid is not None  # checked before connecting
         self.write_pid_file(self.warm_pid)
@@ -70,37 +65,32 @@ class WarmChild(Child):
     def _start_fresh(self) -> None:
         """A start no warm process serves: forked by the zygote (`harness.cli_zygote`) where
         one answers, else a cold subprocess (`Child.start`)."""
-        conn = (
-            connect(self.zygote[0], CONNECT_TIMEOUT_S)
-            if self.zygote and self._runs_harness_cli()
-            else None
-        )
         self._mark_log_start()
-        pid = request_fork(conn, self._fork_assignment()) if conn is not None else None
-        if conn is None or pid is None:
+        if self.zygote and self._runs_harness_cli():
+            self._forked = fork_process(self.zygote, self._fork_assignment())
+        if self._forked is None:
             super().start()
             return
         self.process = None
-        self._conn, self._reply, self.forked_pid = conn, ExitReply(conn), pid
-        conn.setblocking(False)
-        self.write_pid_file(pid)
+        self.write_pid_file(self._forked.pid)
 
     def _fork_assignment(self) -> dict[str, object]:
-        return {
-            **self._assignment(),
-            # Where a cold child would run: its CPU set, or else wherever this supervisor may.
-            "cpus": sorted(self.cpus or os.sched_getaffinity(0)),
-            "pinned": bool(self.cpus),
-        }
+        # Where a cold child would run: its CPU set, or else wherever this supervisor may.
+        return fork_request(
+            name=self.name,
+            argv=self.args[3:],
+            env={**os.environ, **self.env},
+            log_path=self.log_path,
+            cpus=self.cpus or os.sched_getaffinity(0),
+            pinned=bool(self.cpus),
+        )
 
     def _assignment(self) -> dict[str, object]:
-        return {
-            "argv": list(self.args[3:]),
-            "env": {**os.environ, **self.env},
-            "cwd": os.getcwd(),
-            "log": str(Path(self.log_path).resolve()),
-            "name": self.name,
-        }
+        """The warm process's: a fork's, pinned per assignment (it runs trials one after
+        another, and one without CPU sets gets back the mask the process started with)."""
+        assignment = self._fork_assignment()
+        del assignment["pinned"]
+        return assignment | {"cpus": sorted(self.cpus) if self.cpus else None}
 
     def _mark_log_start(self) -> None:
         log_path = Path(self.log_path)
@@ -108,20 +98,29 @@ class WarmChild(Child):
         self.log_start = log_path.stat().st_size if log_path.exists() else 0
 
     def poll(self) -> int | None:
+        if self._forked is not None:
+            return self._forked.poll()
         if self._reply is None:
             return super().poll()
         return self._reply.poll()
 
     @property
     def pid(self) -> int | None:
+        if self._forked is not None:
+            return self._forked.pid
         if self._conn is None:
             return super().pid
-        return self.forked_pid if self.forked_pid is not None else self.warm_pid
+        return self.warm_pid
+
+    @property
+    def forked_pid(self) -> int | None:
+        """The pid of the start the zygote forked, None for a warm or cold one."""
+        return None if self._forked is None else self._forked.pid
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """SIGTERM the warm process (a generator finishes its round; a learner dies), then
-        SIGKILL it if it has not answered within `timeout_s`."""
-        if self._conn is None:
+        """SIGTERM the warm or forked process (a generator finishes its round; a learner dies),
+        then SIGKILL it if it has not answered within `timeout_s`."""
+        if self._conn is None and self._forked is None:
             super().stop(timeout_s)
             return
         if self.poll() is not None:
@@ -145,15 +144,17 @@ class WarmChild(Child):
         return True
 
     def _signal(self, signum: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if self.forked_pid is not None:  # it leads its own session, as a cold child does
-                os.killpg(self.forked_pid, signum)
-            elif self.warm_pid is not None:
+        if self._forked is not None:  # it leads its own session, as a cold child does
+            self._forked.send_signal(signum)
+        elif self.warm_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(self.warm_pid, signum)
 
     def _close(self) -> None:
+        if self._forked is not None:
+            self._forked.close()  # a poll after this must not report a running one
         if self._reply is not None and self._reply.code is None:
-            self._reply.code = VANISHED_CODE  # a poll after this must not report a running one
+            self._reply.code = VANISHED_CODE
         if self._conn is not None:
             self._conn.close()
 

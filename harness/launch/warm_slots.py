@@ -28,7 +28,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.launch.forked_child import ForkedProcess, fork_process, zygote_env, zygote_from_env
+from harness.launch.forked_child import (
+    ForkedProcess,
+    fork_process,
+    fork_request,
+    zygote_env,
+    zygote_from_env,
+)
 from harness.launch.processes import listening_socket, spawn_listening
 from harness.launch.warm_protocol import warm_components_env
 
@@ -82,15 +88,14 @@ class WarmProcess:
         Its listening socket is made here and passed along, as `spawn` passes it to a child."""
         listener = listening_socket(socket_path)
         try:
-            assignment = {
-                "module": "harness.cli_warm",
-                "argv": _preload_args(preload),
-                "env": env,
-                "cwd": os.getcwd(),
-                "log": str(log_path.resolve()),
-                "cpus": sorted(os.sched_getaffinity(0)),
-                "name": name,
-            }
+            assignment = fork_request(
+                name=name,
+                argv=_preload_args(preload),
+                env=env,
+                log_path=log_path,
+                cpus=os.sched_getaffinity(0),
+                module="harness.cli_warm",
+            )
             forked = fork_process(zygote, assignment, [listener.fileno()], FORK_TIMEOUT_S)
         finally:
             listener.close()  # the fork holds the only listening copy now (if any)
