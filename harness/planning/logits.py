@@ -18,9 +18,9 @@ TRUNCATED_LOGIT_COPY_BYTES = 24
 (int64, 8), softmax (4) and cumulative sum (4) at once."""
 ENTROPY_ROWS = 128
 """`learner.runtime.forward.ENTROPY_ROWS`: positions whose entropy is reduced at once."""
-ENTROPY_COPY_BYTES = 9
+ENTROPY_COPY_BYTES = 4
 """Bytes per logit of `ENTROPY_ROWS` positions that the entropy makes beside the log-softmax
-(`forward._entropy`): exp * log p (4), its `where` (4) and the finite mask (1)."""
+(`forward._rows_entropy`): p log p, one float32 copy updated in place."""
 BACKWARD_LOGIT_BYTES = 12
 """float32 bytes per logit in a gradient pass's backward through the log-softmax: its saved
 output, the incoming gradient (gather's scatter of the log-probs' gradient) and the gradient it

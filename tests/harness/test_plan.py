@@ -150,14 +150,16 @@ def test_activation_and_logit_bytes_by_hand(tmp_path: Path):
     setup = LearnerSetup(seq_len=10, logprob_chunk_tokens=4)
     # A chunk of 4 positions x 100 entries, float32: making the log-softmax holds the logits,
     # the scaled copy and the log-softmax, 4 + 8 = 12 bytes a logit; the entropy then holds
-    # the log-softmax (4) and, the chunk being under ENTROPY_ROWS (128), exp * log p, where
-    # and mask (9) of every logit, the chunk's logits freed: 13. Backward: 12.
-    assert logit_bytes(shape, setup, 50, chunked=True) == 4 * 100 * 13
-    assert logit_bytes(shape, setup, 50, chunked=True, backward=True) == 4 * 100 * 13
-    # Unchunked, the model's logits (4) stay beside the entropy: 4 + 4 + 9 = 17 a logit.
-    assert logit_bytes(shape, setup, 50, chunked=False) == 50 * 100 * 17
+    # the log-softmax (4) and, the chunk being under ENTROPY_ROWS (128), p log p (4) of every
+    # logit, the chunk's logits freed: 8. Backward: 12.
+    assert logit_bytes(shape, setup, 50, chunked=True) == 4 * 100 * 12
+    assert logit_bytes(shape, setup, 50, chunked=True, backward=True) == 4 * 100 * 12
+    # Unchunked, the model's logits (4) stay beside the entropy: 4 + 4 + 4 = 12 a logit, as
+    # much as the log-softmax's moment (the entropy's was the peak at 17 while it made a mask
+    # and a second copy).
+    assert logit_bytes(shape, setup, 50, chunked=False) == 50 * 100 * 12
     # bf16, chunks of 1024: the log-softmax moment 2 + 8 = 10 a logit is over the entropy's
-    # 1024 * 100 * 4 + 128 * 100 * 9 = 524,800 bytes; a gradient pass's backward, 12 a logit.
+    # 1024 * 100 * 4 + 128 * 100 * 4 = 460,800 bytes; a gradient pass's backward, 12 a logit.
     bf16 = LearnerSetup(dtype="bfloat16", seq_len=10, logprob_chunk_tokens=1024)
     assert logit_bytes(shape, bf16, 4096, chunked=True) == 1024 * 100 * 10
     assert logit_bytes(shape, bf16, 4096, chunked=True, backward=True) == 1024 * 100 * 12
@@ -321,7 +323,7 @@ def test_scoring_passes_run_in_micro_batches_of_the_whole_batch(tmp_path: Path):
         scoring = estimate(shape, setup).scoring
         tokens = rows * 10
         assert scoring.activations == tokens * DENSE_SCORING_TOKEN + rows * DENSE_SCORING_ROW_MASK
-        assert scoring.logits == tokens * 100 * (4 + 13)  # float32 logits and their copies
+        assert scoring.logits == tokens * 100 * 12  # float32 logits and their copies
     # Over 4 minibatches the update's share is 2 rows (one micro-batch at a budget of 80
     # tokens), but the no-grad passes still see all 8 rows, 8 at a time.
     share = LearnerSetup(groups=2, group_size=4, seq_len=10, minibatches=2, micro_batch_tokens=80)
@@ -347,14 +349,14 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
     # pi_old: one part of 2 rows at a time (unchunked float32 logits and copies) and its
     # capture; the batch's record is on the host.
     assert passes["moe_pi_old"] == Phase(
-        activations=part_forward, logits=20 * 100 * 17, routing=capture
+        activations=part_forward, logits=20 * 100 * 12, routing=capture
     )
     # The moe/* forwards: the part scored with its routing captured (pi_old's moment), then on
     # pi_old's experts: the same forward and logits, plus the free log-probs kept (20 x 4),
     # beside the part's own experts and pi_old's slice of them (2 x 40 = 80 < the capture's
     # 120): 40 bytes over pi_old's pass, so it is the scoring column.
     assert passes["moe_routing"] == Phase(
-        activations=part_forward, logits=20 * 100 * 17 + 20 * 4, routing=2 * experts
+        activations=part_forward, logits=20 * 100 * 12 + 20 * 4, routing=2 * experts
     )
     chosen = estimate(shape, setup)
     assert chosen.scoring_pass == "moe_routing"
@@ -365,15 +367,15 @@ def test_moe_pi_old_and_routing_forwards_run_in_micro_batches(tmp_path: Path):
     whole_forward = 80 * (320 + 640 + 64 + 64) + 8 * 500
     unsplit = scoring_passes(shape, whole, Phase())
     assert unsplit["moe_pi_old"] == Phase(
-        activations=whole_forward, logits=80 * 100 * 17, routing=record
+        activations=whole_forward, logits=80 * 100 * 12, routing=record
     )
     assert unsplit["moe_routing"] == Phase(
-        activations=whole_forward, logits=80 * 100 * 17 + 80 * 4, routing=2 * 80 * 2
+        activations=whole_forward, logits=80 * 100 * 12 + 80 * 4, routing=2 * 80 * 2
     )
     # A reference runs in micro-batches of 2 rows (not captured): no routing on the device.
     with_reference = LearnerSetup(**(vars(setup) | {"reference": True}))
     micro = scoring_passes(shape, with_reference, Phase())["micro"]
-    assert micro == Phase(activations=part_forward, logits=20 * 100 * 17)
+    assert micro == Phase(activations=part_forward, logits=20 * 100 * 12)
 
 
 def test_moe_routing_pass_peaks_where_a_parts_routing_outweighs_its_forward(tmp_path: Path):
