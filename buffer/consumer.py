@@ -191,14 +191,29 @@ class RolloutConsumer:
         Lag = learner_version - policy_version; staler groups are acked, counted in the run's
         dropped_stale counter and reported in the result. Groups made from weights a rewind
         withdrew (`timeline`, `buffer.timeline`) are dropped before `accept` sees them, counted
-        as lost_to_rewind and their tickets reissued (`buffer.rewind.reissue_withdrawn`). On
-        TimeoutError the groups already read are kept, in order, for the next call.
+        as lost_to_rewind and their tickets reissued (`buffer.rewind.reissue_withdrawn`), before
+        the take waits for more: their prompts may be the very work the generators need to make
+        the groups it waits for (a withdrawn ticket counts as issued, so the admission limit
+        can leave a generator nothing else to claim). On TimeoutError the groups already read
+        are kept, in order, for the next call.
         """
         state = self._state(consumer)
         chosen: list[Delivery] = []
         stale: list[Delivery] = []
         withdrawn: list[Delivery] = []
+        settled = [0, 0]  # how many of `stale`, `withdrawn` were settled already
         deadline = time.monotonic() + timeout_s
+
+        def settle_dropped() -> None:
+            """Drop the stale groups and reissue the withdrawn ones read since the last call."""
+            if len(stale) > settled[0]:
+                state.inbox.drop(stale[settled[0] :], DROPPED_STALE)
+                settled[0] = len(stale)
+            if len(withdrawn) > settled[1]:
+                reissued = withdrawn[settled[1] :]
+                reissue_withdrawn(self._client, self.run_id, reissued)
+                state.inbox.release([d.entry_id for d in reissued])
+                settled[1] = len(withdrawn)
 
         def made_from_withdrawn(delivery: Delivery) -> bool:
             return timeline is not None and timeline.withdrawn(
@@ -225,16 +240,13 @@ class RolloutConsumer:
                     raise self._take_timeout(
                         len(chosen), n_groups, max_lag, learner_version, timeout_s
                     )
+                settle_dropped()  # before waiting: a generator may need those prompts back
                 state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining, check))
         except BaseException:
             state.ready.extendleft(reversed(chosen))  # keep them, in order, for the next call
             raise
         finally:
-            if stale:
-                state.inbox.drop(stale, DROPPED_STALE)
-            if withdrawn:
-                reissue_withdrawn(self._client, self.run_id, withdrawn)
-                state.inbox.release([d.entry_id for d in withdrawn])
+            settle_dropped()
         return TakeResult(chosen, stale, withdrawn)
 
     def request_round(self, batch_index: int, round_index: int, prompts_per_step: int) -> int:

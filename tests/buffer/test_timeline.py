@@ -8,6 +8,8 @@ registry that moved back by a rewind is not mistaken for a Redis that lost the r
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 
 import pytest
 import redis
@@ -126,3 +128,43 @@ def test_the_take_drops_groups_made_from_withdrawn_weights(
     # the timeline-1 v2 group is the learner's own new v2's: accepted once the learner is at v2
     later = consumer.take(1, 2, 4, "learner", 5, timeline=timeline)
     assert [d.group.prompt_index for d in later.deliveries] == [2] and not later.withdrawn
+
+
+def test_the_take_reissues_withdrawn_groups_before_it_waits_for_more(
+    producer: RolloutProducer, consumer: RolloutConsumer, client: redis.Redis
+) -> None:
+    """The hang this prevents (bounded fault injection, a resume's rewind to the initial
+    weights): the stream's only group was made from withdrawn weights, and its ticket was the
+    only one the admission limit allowed, so no generator can start anything until the take
+    reissues it. Reissued before the take waits, the prompt is made again and the take returns
+    its new group; reissued only when the take ended, it waited out its timeout."""
+    registry = VersionRegistry(client, RUN_ID)
+    _publish(registry, range(3))
+    tickets = TicketDispenser(client, RUN_ID)
+    assert tickets.claim("gen-0", limit=1) == 0
+    stale_weights = make_group(0, policy_version=2)  # v2 of timeline 0
+    producer.push_many([stale_weights], batch_index=0, tickets=[0], timeline=0)
+    rewind_bounded(client, RUN_ID, 0, [])  # v1-v2 withdrawn; timeline 1
+    timeline = consumer.timeline()
+    assert tickets.claim("gen-0", limit=1) is None  # nothing else may start
+    made: list[int] = []
+
+    def generator() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            ticket = tickets.claim("gen-0", limit=1)
+            if ticket is not None:
+                group = make_group(ticket, policy_version=0)
+                producer.push_many([group], batch_index=0, tickets=[ticket], timeline=1)
+                made.append(ticket)
+                return
+            time.sleep(0.02)
+
+    thread = threading.Thread(target=generator, daemon=True)
+    thread.start()
+    taken = consumer.take(1, 1, 4, "learner", 10, timeline=timeline)
+    thread.join(timeout=20)
+    assert made == [0]
+    assert [d.group.prompt_index for d in taken.withdrawn] == [0]
+    assert [(d.group.prompt_index, d.policy_version) for d in taken.deliveries] == [(0, 0)]
+    assert counter(client, LOST_TO_REWIND) == 1
