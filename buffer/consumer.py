@@ -44,6 +44,7 @@ from buffer.rewind import (
     rewind_bounded,
     rewind_groups,
 )
+from buffer.take_timeouts import batch_timeout, take_timeout
 from buffer.telemetry import DROPPED_STALE
 from buffer.tickets import TicketDispenser, draw_batch
 from buffer.timeline import Timeline, read_timeline
@@ -158,7 +159,15 @@ class RolloutConsumer:
             self._raise_if_refused(state, slots)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise self._batch_timeout(state, batch_index, n_groups, timeout_s)
+                raise batch_timeout(
+                    self.run_id,
+                    batch_index,
+                    n_groups,
+                    timeout_s,
+                    have=len(state.stash.get(batch_index, {})),
+                    stashed=sum(len(b) for b in state.stash.values()),
+                    max_depth=self._config.max_depth,
+                )
             for delivery in state.inbox.fetch(n_groups, remaining, check):
                 self._stash(state, delivery)
         bucket = state.stash.pop(batch_index)
@@ -237,8 +246,13 @@ class RolloutConsumer:
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._take_timeout(
-                        len(chosen), n_groups, max_lag, learner_version, timeout_s
+                    raise take_timeout(
+                        self.run_id,
+                        n_groups,
+                        timeout_s,
+                        have=len(chosen),
+                        max_lag=max_lag,
+                        learner_version=learner_version,
                     )
                 settle_dropped()  # before waiting: a generator may need those prompts back
                 state.ready.extend(state.inbox.fetch(n_groups - len(chosen), remaining, check))
@@ -383,28 +397,3 @@ class RolloutConsumer:
         late = [b for b in state.stash if draw_batch(b) < state.floor]
         for batch in late:
             state.inbox.drop(list(state.stash.pop(batch).values()), DROPPED_STALE)
-
-    def _batch_timeout(
-        self, state: _ConsumerState, batch_index: int, n_groups: int, timeout_s: float
-    ) -> TimeoutError:
-        have = len(state.stash.get(batch_index, {}))
-        stashed = sum(len(b) for b in state.stash.values())
-        hint = "are generators running and has the version they wait for been published?"
-        if stashed >= self._config.max_depth:
-            hint = (
-                f"the stash holds {stashed} groups of later batches = buffer.max_depth; raise "
-                "max_depth to at least (lag + 1) * prompts_per_step"
-            )
-        return TimeoutError(
-            f"run {self.run_id!r}: batch {batch_index} has {have} of {n_groups} groups after "
-            f"{timeout_s} s; {hint}"
-        )
-
-    def _take_timeout(
-        self, have: int, n_groups: int, max_lag: int, learner_version: int, timeout_s: float
-    ) -> TimeoutError:
-        return TimeoutError(
-            f"run {self.run_id!r}: only {have} of {n_groups} groups with lag <= {max_lag} "
-            f"arrived within {timeout_s} s (learner version {learner_version}); are generators "
-            "running and admitted?"
-        )
