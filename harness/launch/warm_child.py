@@ -40,7 +40,7 @@ class WarmChild(Child):
     warm_pid: int | None = None
     # (socket path, pid) of a zygote that forks every start no warm process serves.
     zygote: tuple[str, int] | None = None
-    # The start the zygote forked, or the warm process's connection (while it runs ours).
+    # The start the zygote forked; the warm process's connection and exit reply while it runs ours.
     _forked: ForkedProcess | None = field(default=None, repr=False)
     _conn: socket.socket | None = field(default=None, repr=False)
     _reply: ExitReply | None = field(default=None, repr=False)
@@ -111,11 +111,6 @@ class WarmChild(Child):
         if self._conn is None:
             return super().pid
         return self.warm_pid
-
-    @property
-    def forked_pid(self) -> int | None:
-        """The pid of the start the zygote forked, None for a warm or cold one."""
-        return None if self._forked is None else self._forked.pid
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the warm or forked process (a generator finishes its round; a learner dies),
