@@ -87,8 +87,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     if not _prebuild_wanted(config):
         return
-    log = Path(tempfile.mkstemp(prefix="prebuild-models-", suffix=".log")[1])
-    with log.open("w") as handle:
+    fd, name = tempfile.mkstemp(prefix="prebuild-models-", suffix=".log")
+    log = Path(name)
+    with os.fdopen(fd, "w") as handle:
         builder = subprocess.Popen(
             ["nice", "-n", "10", sys.executable, "-m", "tests.prebuild_models"],
             cwd=Path(__file__).resolve().parents[1],
