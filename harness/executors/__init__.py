@@ -8,7 +8,7 @@ storage sync asks whether components keep private working copies.
 
 from __future__ import annotations
 
-from harness.config_executor import ExecutorConfig
+from harness.config.executor import ExecutorConfig
 from harness.executors.base import Executor
 from harness.executors.local import LocalExecutor
 from harness.executors.ray import RayExecutor

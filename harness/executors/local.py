@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness.config import ExperimentConfig
-from harness.config_executor import CpuSets
+from harness.config.executor import CpuSets
 from harness.executors.base import TrialPool
 from harness.launch.affinity import check_cpu_sets, component_cpus
 from harness.launch.forked_child import zygote_from_env

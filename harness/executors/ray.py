@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from contract.record import TrialRecordError, read_trial_record
 from contract.trial import LaunchStatus
-from harness.config_executor import ExecutorConfig
+from harness.config.executor import ExecutorConfig
 from harness.executors.base import NODE_LOST
 from harness.executors.gcs_address import host_and_port
 from harness.launch.pool import SubprocessTrialPool

@@ -32,7 +32,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from contract.layout import LOGS_DIR, TRIAL_JSON
-from harness.config_executor import ComponentResources, ExecutorConfig
+from harness.config.executor import ComponentResources, ExecutorConfig
 from harness.executors.base import NODE_LOST, TrialFailedError
 from harness.executors.gcs_address import host_and_port
 from harness.launch.processes import EXIT_NO_RESTART, Child

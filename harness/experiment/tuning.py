@@ -3,7 +3,7 @@
 Two stages, each an ordinary experiment run by `run_experiment` under one MLflow parent run:
 
 1. tuning (`<out>/tuning/`): every configuration of every arm's search space is an arm of its
-   own (`grpo-c3`, harness.config_tuning.tuned_arm_name), trained on `tuning.seeds` and scored
+   own (`grpo-c3`, harness.config.tuning.tuned_arm_name), trained on `tuning.seeds` and scored
    on the validation eval set alone (it is the stage's only, hence primary, eval set);
 2. final (`<out>/`): each arm with its selected settings, under its own name, on `seeds`, with
    every eval set but the validation one (the first is the test set the report scores).
@@ -33,7 +33,7 @@ from rich.console import Console
 from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
 from contract.tuning import ArmSelection, TriedConfiguration, TuningSelection, ValidationSet
 from harness.config import ExperimentConfig, resolved_dump, validate_config
-from harness.config_tuning import TuningConfig, tuned_arm_name
+from harness.config.tuning import TuningConfig, tuned_arm_name
 from harness.experiment.run import ExperimentResult, Stage, run_experiment
 from harness.experiment.software import stages_software_line
 from harness.experiment.tracking import open_tracker

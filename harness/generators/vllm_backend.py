@@ -57,6 +57,7 @@ from harness.generators.vllm_moe_reload import (
     repack_cpu_moe,
     weight_update_plan,
 )
+from harness.generators.vllm_partial import generate_partial
 
 
 class VLLMGenerator:
@@ -132,8 +133,6 @@ class VLLMGenerator:
     ) -> list[GenResult]:
         """See `Generator.generate`; with `updates`, `harness.generators.vllm_partial`."""
         if updates is not None:
-            from harness.generators.vllm_partial import generate_partial
-
             return generate_partial(self, requests, updates)
         prompts, params = [], []
         for request in requests:

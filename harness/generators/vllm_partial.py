@@ -32,7 +32,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -46,8 +46,26 @@ from harness.generators.base import (
     group_samples,
 )
 
-if TYPE_CHECKING:
-    from harness.generators.vllm_backend import VLLMGenerator
+
+class PartialEngine(Protocol):
+    """What a partial rollout drives of `VLLMGenerator`: its engine's request queue and step,
+    the weight reload, and the settings a submission needs. A protocol, so this module stays
+    below the generator that calls it (no import circle)."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def eos(self) -> int: ...
+    @property
+    def timeout_s(self) -> float: ...
+
+    def sampling_params(self, *, seed: int, max_tokens: int) -> Any: ...
+    def check_context(self, rows: Sequence[tuple[list[int], int]]) -> None: ...
+    def add_request(self, request_id: str, prompt_ids: list[int], params: Any) -> str: ...
+    def engine_step(self) -> list[Any]: ...
+    def abort(self, request_ids: list[str]) -> None: ...
+    def load_weights(self, version: int, location: str) -> float: ...
+
 
 _REQUEST_IDS = itertools.count()
 
@@ -84,7 +102,7 @@ class _Response:
 
 
 def generate_partial(
-    generator: VLLMGenerator, requests: Sequence[GenRequest], updates: WeightUpdates
+    generator: PartialEngine, requests: Sequence[GenRequest], updates: WeightUpdates
 ) -> list[GenResult]:
     """`VLLMGenerator.generate` with newer versions loaded between tokens (module docstring)."""
     responses = [
@@ -123,7 +141,7 @@ def generate_partial(
     )
 
 
-def _submit(generator: VLLMGenerator, response: _Response) -> tuple[str, tuple[_Response, str]]:
+def _submit(generator: PartialEngine, response: _Response) -> tuple[str, tuple[_Response, str]]:
     """Add the response's next segment to the engine: (the id its outputs carry, (the
     response, the engine's internal id, which an abort takes))."""
     params = generator.sampling_params(

@@ -12,7 +12,7 @@ threads from earlier trials, so it pins each of its threads at every assignment
 (`pin_all_threads`), and an assignment without CPU sets gets the mask it started with back.
 
 What is checked where: the config checks the CPU lists, their disjointness and the executor
-kind (`harness.config_sections.CpuSets`); the CPUs this machine lends the run and the number of
+kind (`harness.config.sections.CpuSets`); the CPUs this machine lends the run and the number of
 generator sets are checked here, when a run or a trial starts, because a config is also read
 on other machines (a report) and by components already pinned to a subset of the CPUs.
 """
@@ -23,7 +23,7 @@ import contextlib
 import os
 from typing import TYPE_CHECKING
 
-from harness.config_executor import CpuSets
+from harness.config.executor import CpuSets
 from harness.cpu_lists import format_cpu_list
 from harness.overrides import ConfigError
 

@@ -26,7 +26,7 @@ NEAR_MISSES: dict[str, Callable[[Prompt], str]] = {
     "repeat": lambda prompt: repeat_near_miss(prompt.text, prompt.ground_truth),
 }
 """task.name -> its near miss: a wrong answer next to the right one, which the model learns to
-prefer at about the warm start's near-miss share (`harness.config_checks.NEAR_MISS_TASKS` names
+prefer at about the warm start's near-miss share (`harness.config.checks.NEAR_MISS_TASKS` names
 the same tasks without importing torch)."""
 
 

@@ -189,7 +189,7 @@ HARNESS_LAYERS = [
 
 
 def harness_room(module: str) -> str:
-    """`harness.executors.ray` -> `executors`; `harness.config_tuning` -> `config`."""
+    """`harness.executors.ray` -> `executors`; `harness.config.tuning` -> `config`."""
     parts = module.split(".")
     if len(parts) == 1:
         return "harness"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.config import ExperimentConfig, ModelConfig, TaskConfig
-from harness.config_checks import NEAR_MISS_TASKS
+from harness.config.checks import NEAR_MISS_TASKS
 from harness.models.model_dir import builtin_cache_key
 from harness.models.near_miss import NEAR_MISSES, NearMissStream, near_miss
 from harness.tasks.factory import make_task

@@ -25,7 +25,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from harness.config import load_config
-from harness.config_sections import ModelConfig
+from harness.config.sections import ModelConfig
 from harness.models.factory import ARCHITECTURES
 from harness.overrides import ConfigError
 from harness.planning.activations import attention_saved, mlp_saved, update_activations

@@ -12,7 +12,7 @@ import pytest
 
 from harness.cli import executor_overrides
 from harness.config import ConfigError, load_config
-from harness.config_executor import ComponentResources
+from harness.config.executor import ComponentResources
 from harness.executors import open_executor
 from harness.executors.gcs_address import host_and_port
 from harness.executors.ray import RayTrialPool

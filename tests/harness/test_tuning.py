@@ -1,4 +1,4 @@
-"""The tuning protocol (harness.config_tuning, harness.experiment.tuning): its config rules, the
+"""The tuning protocol (harness.config.tuning, harness.experiment.tuning): its config rules, the
 two stage configs, the selection, and `harness run` through both stages on real processes (the
 fake trial runner, whose validation score depends on the arm's lr), MLflow, kills and resumes."""
 
@@ -28,7 +28,7 @@ from harness.config import (
     resolved_dump,
     validate_config,
 )
-from harness.config_tuning import SearchSpace, tuned_arm_name
+from harness.config.tuning import SearchSpace, tuned_arm_name
 from harness.experiment.tuning import (
     check_validation_is_held_out,
     final_stage_config,

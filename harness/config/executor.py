@@ -2,7 +2,7 @@
 
 Local subprocesses (pinned to CPU sets with `executor.cpu_sets`) or Ray actors with per-component
 resources. Left out of the config hash (`harness.config.HASH_EXCLUDED`): where a trial runs
-changes no result. Split from `harness.config_sections` (model, task, generation), one concern
+changes no result. Split from `harness.config.sections` (model, task, generation), one concern
 per file; `harness.config` re-exports both.
 """
 

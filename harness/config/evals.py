@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from contract.evals import DEFAULT_EVAL_SET, EVAL_SET_NAME_PATTERN
-from harness.config_sections import TaskConfig
+from harness.config.sections import TaskConfig
 
 
 class EvalSetConfig(BaseModel):
