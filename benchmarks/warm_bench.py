@@ -33,7 +33,7 @@ from rich.console import Console
 
 from contract import metrics as M
 from harness.config import load_config
-from harness.experiment.run import ExperimentResult, run_experiment
+from harness.experiment.run import ExperimentRequest, ExperimentResult, run_experiment
 from harness.launch.forked_child import ZYGOTE_ENV
 from learner.runtime.metrics_log import MetricsLog
 
@@ -66,7 +66,8 @@ def deterministic(trial_dir: Path) -> pd.DataFrame:
 def run(config: Path, overrides: list[str], out: Path) -> tuple[float, ExperimentResult]:
     cfg = load_config(config, overrides)
     started = time.perf_counter()
-    result = run_experiment(cfg, config, out, overrides, console=Console(quiet=True))
+    request = ExperimentRequest(cfg, config, out, overrides)
+    result = run_experiment(request, console=Console(quiet=True))
     wall = time.perf_counter() - started
     if result.exit_code != 0:
         raise SystemExit(f"{out}: {[(t.spec.trial_name, t.message) for t in result.trials]}")

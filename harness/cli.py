@@ -211,7 +211,7 @@ def run(
     from mlflow.exceptions import MlflowException
 
     from harness.experiment.grid import TrialStateError
-    from harness.experiment.run import ExperimentLockedError, run_experiment
+    from harness.experiment.run import ExperimentLockedError, ExperimentRequest, run_experiment
     from harness.storage.remote_tree import StorageError
 
     # The flags are overrides, so every trial resolves the executor the experiment resolved.
@@ -225,17 +225,14 @@ def run(
         default = cfg.output_dir if is_uri(cfg.output_dir) else str(Path(cfg.output_dir) / cfg.name)
         check_out(default, "output_dir/name", "harness run", uri_ok=True)
     check_inputs(cfg)
+    request = ExperimentRequest(cfg, config, out, overrides, max_parallel, steps)
     try:
         if cfg.tuning is not None:  # tune every arm on an equal budget, then compare
             from harness.experiment.tuning import run_tuned_experiment
 
-            result = run_tuned_experiment(
-                cfg, config, out, overrides, max_parallel, steps, console=console
-            )
+            result = run_tuned_experiment(request, console=console)
         else:
-            result = run_experiment(
-                cfg, config, out, overrides, max_parallel, steps, console=console
-            )
+            result = run_experiment(request, console=console)
     except (
         ConfigError,
         TrialStateError,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -30,10 +31,12 @@ from harness.cli_common import (
     fail,
     load_or_exit,
 )
-from harness.config import ConfigError
+from harness.config import ConfigError, ExperimentConfig
 
 
-def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> TrialSpec:
+def _trial_spec(
+    cfg: ExperimentConfig, arm: str, seed: int, lag: int, mode: StalenessMode
+) -> TrialSpec:
     """The trial the options name; --mode is already one of STALENESS_MODES (typer checks)."""
     try:
         cfg.arm(arm)
@@ -52,14 +55,30 @@ def _trial_spec(cfg, arm: str, seed: int, lag: int, mode: StalenessMode) -> Tria
     return TrialSpec(arm=arm, seed=seed, lag=lag, mode=mode)
 
 
-def _redis_env() -> tuple[str, str]:
+@dataclass(frozen=True)
+class _Component:
+    """What a learner or generator process starts from: the resolved config, its trial, and
+    the Redis and run id its supervisor handed it through the environment."""
+
+    cfg: ExperimentConfig
+    spec: TrialSpec
+    redis_url: str
+    run_id: str
+
+
+def _component(
+    config: Path, overrides: list[str] | None, arm: str, seed: int, lag: int, mode: StalenessMode
+) -> _Component:
+    """Load and check what both component commands are given, or exit with one line."""
+    cfg = load_or_exit(config, overrides)
+    spec = _trial_spec(cfg, arm, seed, lag, mode)
     url, run_id = os.environ.get("HARNESS_REDIS_URL", ""), os.environ.get("HARNESS_RUN_ID", "")
     if not url or not run_id:
         raise fail(
             "HARNESS_REDIS_URL and HARNESS_RUN_ID must be set (the trial runner sets them; "
             "to run a component alone, point them at your Redis and the run's id)"
         )
-    return url, run_id
+    return _Component(cfg, spec, url, run_id)
 
 
 def trial(
@@ -121,13 +140,12 @@ def learner(
     from contract.layout import TrialPaths
     from harness.trial.learner_main import run_learner_component
 
-    cfg = load_or_exit(config, overrides)
-    spec = _trial_spec(cfg, arm, seed, lag, mode)
-    url, run_id = _redis_env()
+    c = _component(config, overrides, arm, seed, lag, mode)
     try:
         run_learner_component(
-            cfg, spec, TrialPaths(out), redis_url=url, run_id=run_id, steps=steps, resume=resume
-        )
+            c.cfg, c.spec, TrialPaths(out), redis_url=c.redis_url, run_id=c.run_id, steps=steps,
+            resume=resume,
+        )  # fmt: skip
     except (ConfigError, InitialWeightsMismatchError) as exc:
         raise fail(str(exc)) from None
 
@@ -153,15 +171,13 @@ def generator(
     from harness.trial.generator_main import GeneratorFatalError, run_generator_component
 
     generator_id = generator_id or f"{socket.gethostname()}-{os.getpid()}"
-    cfg = load_or_exit(config, overrides)
-    spec = _trial_spec(cfg, arm, seed, lag, mode)
-    url, run_id = _redis_env()
+    c = _component(config, overrides, arm, seed, lag, mode)
     try:
         run_generator_component(
-            cfg,
-            spec,
-            redis_url=url,
-            run_id=run_id,
+            c.cfg,
+            c.spec,
+            redis_url=c.redis_url,
+            run_id=c.run_id,
             generator_id=generator_id,
             steps=steps,
             trial_dir=out,  # generators write only Redis; weights are fetched here from a bucket

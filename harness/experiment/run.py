@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fcntl
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +27,7 @@ from harness.executors.base import TrialPool
 from harness.executors.local import warm_plan
 from harness.experiment.grid import TrialOnDisk, classify_trials, expand_trials, experiment_dir
 from harness.experiment.progress import ExperimentProgress
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.software import launch_software_line
 from harness.experiment.tracking import Tracker, open_tracker
 from harness.launch.trials import (
@@ -43,7 +44,14 @@ from harness.storage.remote_tree import StorageError
 from harness.storage.setup import setup_driver_storage
 from harness.storage.trial_storage import Storage
 
-__all__ = ["ExperimentResult", "PlannedTrial", "TrialResult", "expand_trials", "run_experiment"]
+__all__ = [
+    "ExperimentRequest",
+    "ExperimentResult",
+    "PlannedTrial",
+    "TrialResult",
+    "expand_trials",
+    "run_experiment",
+]
 
 LOCK_FILE = ".harness.lock"
 REPORT_DIR = "report"
@@ -228,39 +236,32 @@ def _finish_trials(
     result.trials.sort(key=lambda t: order[t.spec.trial_name])
 
 
-def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented contract
-    cfg: ExperimentConfig,
-    config_path: Path,
-    out_dir: Path | str | None = None,
-    overrides: Sequence[str] = (),
-    max_parallel: int | None = None,
-    steps: int | None = None,
-    console: Console | None = None,
+def run_experiment(
+    request: ExperimentRequest,
     *,
+    console: Console | None = None,
     command: CommandBuilder | None = None,
     kill_grace_s: float = 10.0,
     trial_timeout_s: float | None = None,
     report: bool = True,
     stage: Stage | None = None,
 ) -> ExperimentResult:
-    """Run (or resume) every trial of `cfg`, track it in MLflow and build the report.
+    """Run (or resume) every trial of `request.cfg`, track it in MLflow and build the report.
 
-    `cfg` is the resolved config (CONFIG_PATH with `overrides` applied); the same path and
-    overrides are handed to each `harness trial` subprocess. `out_dir` defaults to
-    `<output_dir>/<name>`, `max_parallel` to `cfg.max_parallel`; `steps` overrides
-    learner.steps. `command` replaces the trial command (tests run a tiny script with it).
-    `stage`: one stage of a tuned experiment (harness.experiment.tuning), whose trials join
-    the parent run of the caller's tracker instead of a parent of their own.
+    `command` replaces the trial command (tests run a tiny script with it). `stage`: one stage
+    of a tuned experiment (harness.experiment.tuning), whose trials join the parent run of the
+    caller's tracker instead of a parent of their own.
     """
+    cfg, steps = request.cfg, request.steps
     console = console or Console()
     executor = open_executor(cfg.executor)
     # a bucket: run in this machine's working copy, synced with it
-    storage, out_dir = setup_driver_storage(cfg, out_dir, executor)
+    storage, out_dir = setup_driver_storage(cfg, request.out_dir, executor)
     out_dir = Path(out_dir).resolve() if out_dir is not None else experiment_dir(cfg)
-    parallel = max_parallel if max_parallel is not None else cfg.max_parallel
+    parallel = request.max_parallel if request.max_parallel is not None else cfg.max_parallel
     # Warm component processes serve harness trials only, not a command a test put in place.
     plan = warm_plan(cfg) if command is None else None
-    command = command or trial_command(config_path, overrides, steps)
+    command = command or trial_command(request.config_path, request.overrides, steps)
     result = ExperimentResult(out_dir)
     with experiment_lock(out_dir), _published(storage, out_dir, console):
         resolved = yaml.safe_dump(resolved_dump(cfg), sort_keys=False)
@@ -274,7 +275,7 @@ def run_experiment(  # noqa: PLR0917 - positional order is the CLI's documented 
             console.print(f"[yellow]warning:[/] {software}", highlight=False)
         if stage is None:
             tracker = open_tracker(cfg, out_dir)  # fails fast on a bad store, before any trial
-            tracker.start_experiment(cfg, config_path, overrides, steps)
+            tracker.start_experiment(cfg, request.config_path, request.overrides, steps)
         else:
             tracker = stage.tracker
             tracker.begin_stage(cfg, stage.name)

@@ -34,6 +34,7 @@ from contract.layout import TUNING_DIR, TUNING_SCORES, TUNING_SELECTION
 from contract.tuning import ArmSelection, TriedConfiguration, TuningSelection, ValidationSet
 from harness.config import ExperimentConfig, resolved_dump, validate_config
 from harness.config.tuning import TuningConfig, tuned_arm_name
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.run import ExperimentResult, Stage, run_experiment
 from harness.experiment.software import stages_software_line
 from harness.experiment.tracking import open_tracker
@@ -174,15 +175,10 @@ def _select_arm(tuning: TuningConfig, arm: str, scores: pd.DataFrame) -> ArmSele
     )
 
 
-def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
-    cfg: ExperimentConfig,
-    config_path: Path,
-    out_dir: Path | str | None = None,
-    overrides: Sequence[str] = (),
-    max_parallel: int | None = None,
-    steps: int | None = None,
-    console: Console | None = None,
+def run_tuned_experiment(
+    request: ExperimentRequest,
     *,
+    console: Console | None = None,
     command_prefix: Sequence[str] | None = None,
     report: bool = True,
     **kwargs: Any,
@@ -197,6 +193,7 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
     report after the final stage; other keyword arguments go to both stages' `run_experiment`.
     """
     console = console or Console()
+    cfg, out_dir, steps = request.cfg, request.out_dir, request.steps
     if cfg.executor.kind != "local" or is_uri(cfg.output_dir) or is_uri(str(out_dir or "")):
         raise ConfigError(
             "a tuning stage runs with executor.kind=local and a local output_dir for now; "
@@ -207,14 +204,14 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
     root = root.expanduser().resolve()
     tuning_dir = root / TUNING_DIR
     tracker = open_tracker(cfg, root)
-    tracker.start_experiment(cfg, config_path, overrides, steps)
+    tracker.start_experiment(cfg, request.config_path, request.overrides, steps)
     status = "FAILED"
     try:
         stage_cfg = tuning_stage_config(cfg)
         stage_path = _write_stage_config(stage_cfg, tuning_dir)
         console.print(f"tuning stage: {len(stage_cfg.arms)} configurations", highlight=False)
         tuned = run_experiment(
-            stage_cfg, stage_path, tuning_dir, (), max_parallel, steps, console,
+            request.stage(stage_cfg, stage_path, tuning_dir), console=console,
             command=_command(stage_path, steps, command_prefix), report=False,
             stage=Stage("tuning", tracker), **kwargs,
         )  # fmt: skip
@@ -241,7 +238,7 @@ def run_tuned_experiment(  # noqa: PLR0917 - run_experiment's positional order
         final_cfg = final_stage_config(cfg, selection)
         final_path = _write_stage_config(final_cfg, root)
         result = run_experiment(
-            final_cfg, final_path, root, (), max_parallel, steps, console,
+            request.stage(final_cfg, final_path, root), console=console,
             command=_command(final_path, steps, command_prefix), report=report,
             stage=Stage("final", tracker), **kwargs,
         )  # fmt: skip

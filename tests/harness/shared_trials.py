@@ -84,16 +84,19 @@ class Experiment:
 
     def run(self, root: Path) -> None:
         """Into `root/out`, its config written to `root/exp.yaml`."""
-        from harness.experiment.run import run_experiment  # what collecting tests need not load
+        from harness.experiment.run import (  # what collecting tests need not load
+            ExperimentRequest,
+            run_experiment,
+        )
 
         root.mkdir(parents=True)
         config = root / "exp.yaml"
         data = load_config_data(REPO / "configs/quickstart.yaml", list(self.overrides))
         config.write_text(yaml.safe_dump(data, sort_keys=False))
-        done = run_experiment(
-            load_config(config), config, root / "out", (), self.max_parallel, self.steps,
-            report=False,
-        )  # fmt: skip
+        request = ExperimentRequest(
+            load_config(config), config, root / "out", (), self.max_parallel, self.steps
+        )
+        done = run_experiment(request, report=False)
         assert done.exit_code == 0, [(t.spec.trial_name, t.status, t.message) for t in done.trials]
 
 

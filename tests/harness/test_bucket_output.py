@@ -18,7 +18,7 @@ import yaml
 
 from contract.record import read_trial_record
 from harness.config import load_config, load_config_data
-from harness.experiment.run import run_experiment
+from harness.experiment.run import ExperimentRequest, run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
 from harness.trial.learner_main import FAULT_EXIT_AFTER_STEP_ENV
@@ -48,7 +48,8 @@ def _config(path: Path, scratch: Path) -> Path:
 
 
 def _run(config: Path, out: str | Path, report: bool = False) -> Any:
-    return run_experiment(load_config(config), config, out, (), 1, STEPS, report=report)
+    request = ExperimentRequest(load_config(config), config, out, (), 1, STEPS)
+    return run_experiment(request, report=report)
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from contract.record import TrialRecord
 from harness.config import ExperimentConfig, load_config
 from harness.experiment.grid import expand_trials
 from harness.experiment.progress import MetricsTail
-from harness.experiment.run import run_experiment
+from harness.experiment.run import ExperimentRequest, run_experiment
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.trials import PoolLimits, exit_status, trial_command
 from learner.runtime.metrics_log import MetricsLog
@@ -66,10 +66,18 @@ def quiet() -> Console:
     return Console(file=io.StringIO(), width=120)
 
 
-def run(cfg: ExperimentConfig, path: Path, **kwargs: object):
-    command = trial_command(path, (), kwargs.pop("steps", None), prefix=FAKE_PREFIX)
+def run(
+    cfg: ExperimentConfig,
+    path: Path,
+    *,
+    max_parallel: int | None = None,
+    steps: int | None = None,
+    **kwargs: object,
+):
+    command = trial_command(path, (), steps, prefix=FAKE_PREFIX)
     kwargs.setdefault("report", False)
-    return run_experiment(cfg, path, console=quiet(), command=command, **kwargs)
+    request = ExperimentRequest(cfg, path, None, (), max_parallel, steps)
+    return run_experiment(request, console=quiet(), command=command, **kwargs)
 
 
 def attempts(trial_dir: Path) -> list[dict]:

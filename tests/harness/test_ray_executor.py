@@ -31,7 +31,7 @@ from ray.cluster_utils import Cluster
 from contract.layout import TrialPaths
 from contract.record import read_trial_record
 from harness.config import load_config, load_config_data
-from harness.experiment.run import run_experiment
+from harness.experiment.run import ExperimentRequest, run_experiment
 from harness.storage.remote_tree import RemoteTree
 from harness.storage.trial_storage import Storage
 from learner.runtime.metrics_log import MetricsLog
@@ -71,7 +71,9 @@ def _write_config(path: Path, overrides: list[str], executor: dict[str, Any] | N
 
 def _run(config: Path, out: Path | str, steps: int, max_parallel: int = 1) -> Any:
     cfg = load_config(config)
-    return run_experiment(cfg, config, out, (), max_parallel, steps, report=False)
+    return run_experiment(
+        ExperimentRequest(cfg, config, out, (), max_parallel, steps), report=False
+    )
 
 
 def _placements(trial_dir: Path) -> dict[str, list[str]]:

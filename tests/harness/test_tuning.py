@@ -29,6 +29,7 @@ from harness.config import (
     validate_config,
 )
 from harness.config.tuning import SearchSpace, tuned_arm_name
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.tuning import (
     check_validation_is_held_out,
     final_stage_config,
@@ -238,8 +239,8 @@ def launch(root: Path, uri: str | None = None, *, report: bool = False, **env: s
     os.environ.update({"FAKE_LR_SCORES": "1", "FAKE_FAIL_ARMS": "", **env})
     try:
         return run_tuned_experiment(
-            cfg, path, root / "out", max_parallel=4, console=Console(file=io.StringIO()),
-            command_prefix=FAKE_PREFIX, report=report,
+            ExperimentRequest(cfg, path, root / "out", max_parallel=4),
+            console=Console(file=io.StringIO()), command_prefix=FAKE_PREFIX, report=report,
         )  # fmt: skip
     finally:
         for key, value in saved.items():
@@ -385,4 +386,7 @@ def test_a_tuned_run_on_ray_or_a_bucket_is_refused_in_one_line(
 ) -> None:
     cfg = validate_config(tuned_data(tmp_path, **override))
     with pytest.raises(ConfigError, match=r"a tuning stage runs with executor\.kind=local"):
-        run_tuned_experiment(cfg, tmp_path / "tuned.yaml", out, console=Console(file=io.StringIO()))
+        run_tuned_experiment(
+            ExperimentRequest(cfg, tmp_path / "tuned.yaml", out),
+            console=Console(file=io.StringIO()),
+        )

@@ -25,7 +25,7 @@ import pytest
 from harness.config import load_config, load_config_data
 from harness.executors.local import warm_plan
 from harness.experiment.grid import expand_trials
-from harness.experiment.run import run_experiment
+from harness.experiment.run import ExperimentRequest, run_experiment
 from harness.launch.pool import SubprocessTrialPool
 from harness.launch.processes import python_module_args
 from harness.launch.trials import PoolLimits, trial_command
@@ -226,7 +226,8 @@ def quickstart_experiment(root: Path, *overrides: str) -> Path:
     config = root / "exp.yaml"
     data = load_config_data(REPO / "configs/quickstart.yaml", list(overrides))
     config.write_text(json.dumps(data))
-    done = run_experiment(load_config(config), config, root / "out", (), 1, None, report=False)
+    request = ExperimentRequest(load_config(config), config, root / "out", (), 1)
+    done = run_experiment(request, report=False)
     assert done.exit_code == 0, [(t.spec.trial_name, t.status, t.message) for t in done.trials]
     return root / "out" / "trials"
 
