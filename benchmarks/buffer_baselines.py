@@ -16,7 +16,7 @@ import pyarrow
 import redis
 import torch
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 
 PAD_ID = 0
 

@@ -46,7 +46,8 @@ from buffer.connection import connect
 from buffer.consumer import RolloutConsumer
 from buffer.outbox import BufferFullError
 from buffer.producer import RolloutProducer
-from buffer.schema import RolloutGroup, encode_group, make_group_id
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import encode_group, make_group_id
 from buffer.server import EmbeddedRedis
 
 

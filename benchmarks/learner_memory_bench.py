@@ -103,7 +103,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.learner_bench import build_model
 from benchmarks.memory_phases import live_at_peak, phase_peaks
 from buffer.collate import RolloutBatch, collate
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from harness.planning.architecture import ModelShape, load_shape
 from harness.planning.memory import estimate
 from harness.planning.setup import LearnerSetup

@@ -28,7 +28,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 
 
 @dataclass(frozen=True)

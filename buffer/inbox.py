@@ -28,7 +28,9 @@ import redis
 
 from buffer.config import BufferConfig
 from buffer.connection import RunKeys, RunStateLostError, lost_state_message
-from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group
+from buffer.record_types import RecordError
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from buffer.telemetry import DEAD_LETTER, DUPLICATE
 
 log = logging.getLogger(__name__)

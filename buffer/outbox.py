@@ -43,7 +43,9 @@ import redis
 from buffer.config import BufferConfig
 from buffer.connection import RunKeys
 from buffer.inbox import DEAD_LETTER_MAXLEN, DEAD_LETTER_PAYLOAD_BYTES
-from buffer.schema import RecordError, RolloutGroup, encode_group
+from buffer.record_types import RecordError
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import encode_group
 from buffer.telemetry import CONFLICTING_DUPLICATE, DEAD_LETTER, DUPLICATE
 from buffer.tickets import DEFAULT_LEASE_S, LUA_NOW_MS
 

@@ -17,8 +17,8 @@ import redis
 from buffer.config import BufferConfig
 from buffer.connection import RunKeys
 from buffer.outbox import Outbox
+from buffer.rollout_group import RolloutGroup
 from buffer.run_control import stop_requested
-from buffer.schema import RolloutGroup
 from buffer.telemetry import Telemetry
 
 

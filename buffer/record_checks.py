@@ -1,95 +1,22 @@
-"""The checks of a rollout record (`buffer.schema`): coercions, group invariants, the envelope.
+"""Checks of a rollout record's fields, on plain arrays: coercions, token and routing arrays,
+the message envelope.
 
-Split from `buffer.schema` so the record's definition and codec stay readable: this module is
-only the list of things the learner relies on, each raising `RecordError` with a message that
-names the field, so a consumer can dead-letter the message with that reason and carry on.
+Split from the group (`buffer.rollout_group`) and the codec (`buffer.schema`) so each stays
+readable: this module is the list of field-level things the learner relies on, each raising
+`RecordError` with a message that names the field, so a consumer can dead-letter the message with
+that reason and carry on. It knows no RolloutGroup: the group's own invariants, which read the
+whole group, live with it in `buffer.rollout_group` and call these.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from datetime import datetime
-from typing import TYPE_CHECKING
-
 import numpy as np
 import pyarrow as pa
 
-if TYPE_CHECKING:
-    from buffer.schema import ExpertArray, RolloutGroup
-
-FINISH_REASONS: frozenset[str] = frozenset({"stop", "length"})
-SCHEMA_VERSION_KEY = b"gspo.schema_version"  # Arrow schema metadata naming the record version
+from buffer.record_types import SCHEMA_VERSION_KEY, ExpertArray, RecordError
 
 
-class RecordError(ValueError):
-    """A rollout record is malformed; the message names the field and what was wrong with it."""
-
-
-def check_group(g: RolloutGroup, *, payload_checked: bool = False) -> None:
-    """Every invariant the learner relies on; raises RecordError naming the first violation.
-
-    `payload_checked`: `check_payload` already ran on the group's flat token and logprob arrays
-    (decode_group has them as one array each), so those two checks are not repeated per sample.
-    """
-    where = f"group {g.group_id!r}"
-    for name in ("run_id", "group_id", "generator_id"):
-        if not isinstance(getattr(g, name), str) or not getattr(g, name):
-            raise RecordError(f"{where}: {name} must be a non-empty string")
-    if g.prompt_index < 0 or g.policy_version < 0:
-        raise RecordError(
-            f"{where}: prompt_index={g.prompt_index} and policy_version={g.policy_version} "
-            "must be >= 0"
-        )
-    n = len(g.response_ids)
-    if n == 0:
-        raise RecordError(f"{where} is empty: a group needs at least one sampled response")
-    per_sample = {
-        "behavior_logprobs": g.behavior_logprobs,
-        "rewards": g.rewards,
-        "reward_infos": g.reward_infos,
-        "finish_reasons": g.finish_reasons,
-        "routed_experts": g.routed_experts if g.routed_experts is not None else [None] * n,
-    }
-    for name, values in per_sample.items():
-        if len(values) != n:
-            raise RecordError(f"{where}: {len(values)} {name} for {n} responses; give one each")
-    if g.prompt_ids.ndim != 1 or g.prompt_ids.size == 0:
-        raise RecordError(f"{where}: prompt_ids must be a non-empty 1-D token list")
-    if any(a.ndim != 1 for a in (*g.response_ids, *g.behavior_logprobs)):
-        raise RecordError(f"{where}: each response and its logprobs must be a 1-D list")
-    lengths = [len(r) for r in g.response_ids]
-    lp_lengths = [len(lp) for lp in g.behavior_logprobs]
-    if lengths != lp_lengths:
-        raise RecordError(
-            f"{where}: response_ids lengths {lengths} != behavior_logprobs lengths {lp_lengths}; "
-            "the generator must emit exactly one logprob per response token"
-        )
-    if not payload_checked:
-        check_payload(
-            g.prompt_ids,
-            np.concatenate(g.response_ids),
-            np.concatenate(g.behavior_logprobs),
-            where,
-        )
-    if not all(math.isfinite(r) for r in g.rewards):
-        raise RecordError(f"{where}: non-finite reward in {g.rewards}")
-    bad = sorted(set(g.finish_reasons) - FINISH_REASONS)
-    if bad:
-        raise RecordError(f"{where}: finish_reason {bad} is not one of {sorted(FINISH_REASONS)}")
-    for info in set(g.reward_infos):
-        try:
-            json.loads(info)
-        except (TypeError, ValueError) as exc:
-            raise RecordError(f"{where}: reward_info {info!r:.80} is not JSON ({exc})") from None
-    _check_times(g, where)
-    if g.routed_experts is not None:
-        _check_routing(g.routed_experts, len(g.prompt_ids), lengths, where)
-    if g.token_versions is not None:
-        _check_token_versions(g.token_versions, g.policy_version, lengths, where)
-
-
-def _check_token_versions(
+def check_token_versions(
     versions: list[np.ndarray], policy_version: int, lengths: list[int], where: str
 ) -> None:
     """One version per response token, non-decreasing along the response (weights only move
@@ -128,19 +55,7 @@ def check_payload(
         raise RecordError(f"{where}: non-finite behavior logprob (NaN or inf) in a response")
 
 
-def _check_times(g: RolloutGroup, where: str) -> None:
-    for name in ("created_at", "generation_started_at"):
-        moment = getattr(g, name)
-        if not isinstance(moment, datetime) or moment.tzinfo is None:
-            raise RecordError(f"{where}: {name} must be timezone-aware (use datetime.now(UTC))")
-    if g.generation_started_at > g.created_at:  # type: ignore[operator]  # set in __post_init__
-        raise RecordError(
-            f"{where}: generation_started_at {g.generation_started_at} is after created_at "
-            f"{g.created_at}; take it right before the generate call that made the group"
-        )
-
-
-def _check_routing(
+def check_routing(
     routed: list[ExpertArray], prompt_length: int, lengths: list[int], where: str
 ) -> None:
     """routed_experts: [P + R_j - 1, layers, top_k] per sample, one (layers, top_k), >= 0."""

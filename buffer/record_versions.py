@@ -27,7 +27,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 from buffer.arrow_columns import TIMESTAMP
-from buffer.record_checks import SCHEMA_VERSION_KEY, RecordError
+from buffer.record_types import SCHEMA_VERSION_KEY, RecordError
 
 SCHEMA_VERSION = 3  # what encode_group writes
 READABLE_VERSIONS = (1, 2, 3)  # what decode_group reads

@@ -1,27 +1,23 @@
-"""The rollout record (design section 4): one Arrow row per sampled response, one group per message.
+"""The rollout record's wire format (design section 4): one Arrow row per sampled response, one
+group per message.
 
-A group (all samples of one prompt draw) travels as one Arrow IPC stream message. Nothing here
-pickles or evaluates received bytes: `decode_group` parses Arrow and checks every field, and any
-violation raises `RecordError`, whose message says what was wrong, so the consumer can send the
-message to the dead letter with that reason and carry on.
+A group (`buffer.rollout_group.RolloutGroup`) travels as one Arrow IPC stream message. Nothing
+here pickles or evaluates received bytes: `decode_group` parses Arrow and checks every field, and
+any violation raises `RecordError` (`buffer.record_types`), whose message says what was wrong, so
+the consumer can send the message to the dead letter with that reason and carry on.
 
 The versions (v1-v3), their schemas and how a message names its version: `buffer.record_versions`.
-
-Token and routing columns are held as numpy arrays (views into the received buffer after a
-decode), not as Python lists: materialising ~16k Python ints per group would cost more than the
-Redis round trip itself (see benchmarks/buffer_bench.py). Constructors accept lists and coerce
-them.
+A group's id (`make_group_id`) is part of the record's format: rewinds parse the prompt index
+back out of it (`buffer.rewind`). Token columns decode to numpy views into the received buffer
+(zero-copy), never Python lists.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import InitVar, dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Literal
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from buffer.arrow_columns import (
@@ -38,15 +34,8 @@ from buffer.arrow_columns import (
     strings,
     view,
 )
-from buffer.record_checks import (
-    RecordError,
-    check_group,
-    check_payload,
-    check_schema,
-    int16_experts,
-    int32_ids,
-    read_single_batch,
-)
+from buffer.record_checks import check_payload, check_schema, read_single_batch
+from buffer.record_types import ExpertArray, IntArray, RecordError
 from buffer.record_versions import (
     GROUP_SCALARS,
     ROLLOUT_SCHEMA,
@@ -54,12 +43,7 @@ from buffer.record_versions import (
     TIMESTAMPS,
     schema_version,
 )
-
-FinishReason = Literal["stop", "length"]
-
-IntArray = npt.NDArray[np.int32]
-FloatArray = npt.NDArray[np.float32]
-ExpertArray = npt.NDArray[np.int16]
+from buffer.rollout_group import RolloutGroup
 
 
 def make_group_id(seed: int, batch_index: int, prompt_index: int) -> str:
@@ -73,124 +57,6 @@ def make_group_id(seed: int, batch_index: int, prompt_index: int) -> str:
             f"make_group_id: batch_index={batch_index} and prompt_index={prompt_index} must be >= 0"
         )
     return f"s{seed}-b{batch_index}-p{prompt_index}"
-
-
-@dataclass(frozen=True, eq=False)
-class RolloutGroup:
-    """All samples of one prompt draw. Checked on construction, so a bad group never exists.
-
-    `prompt_ids` is shared by every sample; the other per-sample fields have one entry per sample
-    in sample order. Token fields accept lists and are stored as int32/float32 numpy arrays.
-    `generation_started_at` None means `created_at` (a v1 record). `routed_experts`, when given,
-    holds per sample the int16 experts [P + R - 1, layers, top_k] the generator routed each
-    position to (see the module docstring); None when the generator did not record routing.
-    `token_versions` holds per sample the policy version of every response token; None means
-    every token at `policy_version` (a whole-response generation, or a v1/v2 record), and a list
-    of only that is stored as None; `versions_per_token()` gives the arrays either way.
-    """
-
-    run_id: str
-    group_id: str
-    prompt_index: int
-    prompt_ids: IntArray
-    response_ids: list[IntArray]
-    behavior_logprobs: list[FloatArray]
-    rewards: list[float]
-    reward_infos: list[str]
-    finish_reasons: list[FinishReason]
-    policy_version: int
-    generator_id: str
-    created_at: datetime
-    generation_started_at: datetime | None = None
-    routed_experts: list[ExpertArray] | None = None
-    token_versions: list[IntArray] | None = None
-    # decode_group only: it checked token ids and logprobs on the message's flat columns, one
-    # numpy pass each, so the per-sample passes of check_group are skipped (same checks).
-    payload_checked: InitVar[bool] = False
-
-    def __post_init__(self, payload_checked: bool) -> None:
-        try:
-            prompt = int32_ids(self.prompt_ids)
-            responses = [int32_ids(r) for r in self.response_ids]
-            logprobs = [np.asarray(lp, dtype=np.float32) for lp in self.behavior_logprobs]
-            rewards = [float(r) for r in self.rewards]
-            routed = (
-                None
-                if self.routed_experts is None
-                else [int16_experts(a) for a in self.routed_experts]
-            )
-            versions = (
-                None if self.token_versions is None else [int32_ids(v) for v in self.token_versions]
-            )
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise RecordError(
-                f"group {self.group_id!r}: tokens must be int32 ids, routed_experts int16 expert "
-                f"indices, logprobs and rewards floats ({exc})"
-            ) from None
-        coerce = object.__setattr__  # frozen dataclass: coerce once, here, then never again
-        coerce(self, "prompt_ids", prompt)
-        coerce(self, "response_ids", responses)
-        coerce(self, "behavior_logprobs", logprobs)
-        coerce(self, "rewards", rewards)
-        coerce(self, "reward_infos", list(self.reward_infos))
-        coerce(self, "finish_reasons", list(self.finish_reasons))
-        coerce(self, "routed_experts", routed)
-        # Every token at policy_version is stored as None, so a group copied with another
-        # policy_version (dataclasses.replace) does not carry versions of the old one.
-        if versions is not None and all((v == self.policy_version).all() for v in versions):
-            versions = None
-        coerce(self, "token_versions", versions)
-        if self.generation_started_at is None:
-            coerce(self, "generation_started_at", self.created_at)
-        check_group(self, payload_checked=payload_checked)
-
-    @property
-    def num_samples(self) -> int:
-        """G, the number of sampled responses in this group."""
-        return len(self.response_ids)
-
-    def versions_per_token(self) -> list[IntArray]:
-        """Per sample, the policy version of each response token."""
-        if self.token_versions is not None:
-            return self.token_versions
-        return [np.full(len(r), self.policy_version, dtype=np.int32) for r in self.response_ids]
-
-    @property
-    def newest_token_version(self) -> int:
-        """The newest version that sampled a token of the group (policy_version unless a
-        generator loaded new weights mid-response)."""
-        if self.token_versions is None:
-            return self.policy_version
-        return max((int(v[-1]) for v in self.token_versions if v.size), default=0)
-
-    @property
-    def routing_shape(self) -> tuple[int, int]:
-        """(layers, top_k) of `routed_experts`; (0, 0) without routing."""
-        if self.routed_experts is None:
-            return 0, 0
-        _, layers, top_k = self.routed_experts[0].shape
-        return layers, top_k
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, RolloutGroup):
-            return NotImplemented
-        return all(
-            _field_equal(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)
-        )
-
-    __hash__ = None  # type: ignore[assignment]  # mutable numpy payload: not hashable
-
-
-def _field_equal(a: object, b: object) -> bool:
-    if isinstance(a, np.ndarray):
-        return isinstance(b, np.ndarray) and np.array_equal(a, b)
-    if isinstance(a, list) and a and isinstance(a[0], np.ndarray):
-        return (
-            isinstance(b, list)
-            and len(a) == len(b)
-            and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-        )
-    return a == b
 
 
 def encode_group(group: RolloutGroup) -> bytes:

@@ -46,8 +46,10 @@ from buffer.consumer import Check, RolloutConsumer, SlotRefusedError, TakeResult
 from buffer.inbox import Delivery
 from buffer.outbox import BufferFullError
 from buffer.producer import RolloutProducer
+from buffer.record_types import RecordError
+from buffer.rollout_group import RolloutGroup
 from buffer.run_control import clear_stop, delete_run, request_stop, stop_requested
-from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group, make_group_id
+from buffer.schema import decode_group, encode_group, make_group_id
 from buffer.telemetry import Telemetry
 from buffer.tickets import (
     TicketDispenser,

@@ -20,7 +20,9 @@ import redis
 
 from buffer.connection import BufferConnectionError, RunStateLostError, redis_failures_in_one_line
 from buffer.eval_requests import EvalRequests
-from buffer.schema import RecordError, RolloutGroup, encode_group
+from buffer.record_types import RecordError
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import encode_group
 from buffer.streams import (
     RolloutProducer,
     RolloutSink,

@@ -15,7 +15,8 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from buffer.schema import RolloutGroup, make_group_id
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import make_group_id
 from buffer.streams import ticket_batch
 from contract import metrics as M
 from contract.trial import TrialSpec

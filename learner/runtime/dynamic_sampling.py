@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from buffer.streams import Delivery
 from contract import metrics as M
 

@@ -1,8 +1,9 @@
 """What the learner trains: every group is checked completely before it can fill a batch slot.
 
-The record's own invariants are checked when a message is decoded (`buffer.record_checks`: one
-behaviour logprob per response token, routed experts for every position, token ids >= 0, finite
-logprobs and rewards, known finish reasons); a message that breaks one never becomes a group.
+The record's own invariants are checked when a message is decoded (`buffer.record_checks`,
+`buffer.rollout_group.check_group`: one behaviour logprob per response token, routed experts for
+every position, token ids >= 0, finite logprobs and rewards, known finish reasons); a message
+that breaks one never becomes a group.
 `refusal` checks what needs this trial's settings and model, in this order, and answers one line
 naming the group, its batch and the setting it breaks:
 - shape: exactly `generation.group_size` samples (advantages are taken per group of that size);
@@ -51,7 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from buffer.schema import RolloutGroup, make_group_id
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import make_group_id
 from buffer.streams import Check, Delivery
 from buffer.tickets import (
     draw_batch,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from contract import rollout_log as R
 from contract import step_tables
 from contract.evals import EvalReport

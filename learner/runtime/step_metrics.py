@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from buffer.streams import Delivery
 from contract import metrics as M
 from learner.runtime.checkpoint import TrainingState

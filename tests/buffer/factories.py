@@ -9,7 +9,9 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from buffer.config import BufferConfig
-from buffer.schema import ROLLOUT_SCHEMA, RolloutGroup, encode_group, make_group_id
+from buffer.record_versions import ROLLOUT_SCHEMA
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import encode_group, make_group_id
 
 RUN_ID = "run-test"
 CREATED_AT = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)

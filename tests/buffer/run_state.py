@@ -11,7 +11,8 @@ from collections.abc import Iterable
 import redis
 
 from buffer.connection import RunKeys
-from buffer.schema import RolloutGroup, encode_group
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import encode_group
 from buffer.telemetry import DEAD_LETTER, DROPPED_STALE
 from tests.buffer.factories import RUN_ID
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from buffer.collate import collate
-from buffer.schema import RolloutGroup, decode_group, encode_group
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from tests.buffer.factories import CREATED_AT
 
 PAD = 99  # not 0, so padding can never be mistaken for a real value

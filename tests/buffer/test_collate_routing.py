@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from buffer.collate import collate
-from buffer.schema import RolloutGroup, decode_group, encode_group
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from tests.buffer.factories import CREATED_AT
 
 

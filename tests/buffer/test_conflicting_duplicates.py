@@ -20,7 +20,8 @@ from buffer.connection import RunKeys, connect
 from buffer.consumer import RolloutConsumer
 from buffer.outbox import group_digest
 from buffer.producer import RolloutProducer
-from buffer.schema import RolloutGroup, decode_group
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group
 from buffer.telemetry import CONFLICTING_DUPLICATE, DUPLICATE
 from buffer.tickets import TicketDispenser
 from tests.buffer.factories import RUN_ID, fast_config, make_group

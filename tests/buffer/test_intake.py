@@ -14,7 +14,8 @@ import redis
 from buffer.connection import RunKeys
 from buffer.consumer import RolloutConsumer, SlotRefusedError
 from buffer.producer import RolloutProducer
-from buffer.schema import RolloutGroup, make_group_id
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import make_group_id
 from buffer.streams import Delivery
 from buffer.telemetry import DUPLICATE
 from learner.config import LearnerConfig

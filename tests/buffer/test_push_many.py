@@ -18,7 +18,8 @@ from buffer.connection import RunKeys
 from buffer.consumer import RolloutConsumer
 from buffer.outbox import BufferFullError, group_digest
 from buffer.producer import RolloutProducer
-from buffer.schema import RecordError, decode_group
+from buffer.record_types import RecordError
+from buffer.schema import decode_group
 from buffer.telemetry import DUPLICATE
 from buffer.tickets import TicketDispenser
 from tests.buffer.factories import RUN_ID, fast_config, make_group

@@ -13,8 +13,8 @@ from buffer.connection import RunKeys
 from buffer.consumer import RolloutConsumer
 from buffer.outbox import BufferFullError
 from buffer.producer import RolloutProducer
+from buffer.record_types import RecordError
 from buffer.run_control import delete_run, request_stop, stop_requested
-from buffer.schema import RecordError
 from buffer.telemetry import Telemetry
 from tests.buffer.factories import (
     MALFORMED,

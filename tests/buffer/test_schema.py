@@ -8,14 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from buffer.schema import (
-    ROLLOUT_SCHEMA,
-    RecordError,
-    RolloutGroup,
-    decode_group,
-    encode_group,
-    make_group_id,
-)
+from buffer.record_types import RecordError
+from buffer.record_versions import ROLLOUT_SCHEMA
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group, make_group_id
 from tests.buffer.factories import CREATED_AT, MALFORMED, RUN_ID, SMALL_MESSAGE_LIMIT, make_group
 
 

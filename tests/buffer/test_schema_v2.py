@@ -8,14 +8,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from buffer.schema import (
-    ROLLOUT_SCHEMA,
-    RecordError,
-    RolloutGroup,
-    decode_group,
-    encode_group,
-    schema_version,
-)
+from buffer.record_types import RecordError
+from buffer.record_versions import ROLLOUT_SCHEMA, schema_version
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from tests.buffer.factories import CREATED_AT, RUN_ID, make_group, write_stream
 
 STARTED_AT = CREATED_AT - timedelta(seconds=2, microseconds=5)

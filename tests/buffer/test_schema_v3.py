@@ -11,7 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from buffer.schema import RecordError, RolloutGroup, decode_group, encode_group
+from buffer.record_types import RecordError
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from tests.buffer.factories import RUN_ID, make_group
 from tests.buffer.test_schema_v2 import v1_bytes
 

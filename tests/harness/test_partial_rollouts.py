@@ -131,7 +131,7 @@ def test_a_check_costs_no_round_trip_and_a_lost_announcement_is_read_within_rere
 def test_a_spanning_group_travels_with_its_versions(redis_server, tmp_path: Path) -> None:
     """The generator's group: policy_version is the start, each token keeps its own version,
     and schema v3 carries them through the buffer's encoding."""
-    from buffer.schema import RolloutGroup
+    from buffer.rollout_group import RolloutGroup
     from tests.buffer.factories import CREATED_AT
 
     model_dir, _, versions = _two_versions(tmp_path, redis_server.client())

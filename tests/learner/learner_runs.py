@@ -14,7 +14,8 @@ from pathlib import Path
 from transformers import AutoModelForCausalLM
 
 from buffer.consumer import RolloutConsumer
-from buffer.schema import RolloutGroup, make_group_id
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import make_group_id
 from buffer.telemetry import Telemetry
 from buffer.versions import VersionRegistry
 from buffer.weight_store import WeightStore

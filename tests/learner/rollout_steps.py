@@ -11,7 +11,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from buffer.collate import RolloutBatch
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from harness.generators import Generator, GenRequest, sample_seed
 from learner.algorithms.sampling_dist import PLAIN, SamplingSettings
 from learner.config import ArmBase, LearnerConfig

@@ -23,7 +23,7 @@ import copy
 import torch
 
 from buffer.collate import collate
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from contract import metrics as M
 from harness.generators.torch_backend import TorchGenerator
 from learner.algorithms.sampling_dist import PLAIN

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 from buffer.collate import RolloutBatch, collate
-from buffer.schema import RolloutGroup, decode_group, encode_group
+from buffer.rollout_group import RolloutGroup
+from buffer.schema import decode_group, encode_group
 from contract import metrics as M
 from harness.config import ConfigError, load_config
 from harness.generators import GenRequest, GenResult

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from transformers import PreTrainedModel
 
-from buffer.schema import RolloutGroup
+from buffer.rollout_group import RolloutGroup
 from tests.tiny_models import DENSE_POLICY, RAW_IDS, tiny_model
 
 VOCAB = RAW_IDS.vocab_size  # ids 0 pad, 1 eos, 2 bos; groups draw tokens from 3..VOCAB-1
