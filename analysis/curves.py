@@ -6,6 +6,9 @@ out of later steps; figures say so in their caption.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -14,7 +17,8 @@ from analysis.summary import row
 from contract import metrics as mn
 
 CURVE_COLUMNS = ["arm", "lag", "trial_name", "seed", "step", "value"]
-AGG_COLUMNS = ["arm", "lag", "step", "iqm", "low", "high", "n"]
+BAND_COLUMNS = ["iqm", "low", "high", "n"]
+AGG_COLUMNS = ["arm", "lag", "step", *BAND_COLUMNS]
 
 
 def trial_curves(metrics: pd.DataFrame, trials: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -49,32 +53,48 @@ def bin_steps(curves: pd.DataFrame, max_points: int) -> pd.DataFrame:
     return binned.groupby(keys, as_index=False, sort=True)["value"].mean()[CURVE_COLUMNS]
 
 
-def aggregate_curves(curves: pd.DataFrame, spec: BootstrapSpec | None) -> pd.DataFrame:
-    """IQM across seeds at each (arm, lag, step); a bootstrap band when `spec` is given."""
+def iqm_bands(curves: pd.DataFrame, keys: list[str], spec: BootstrapSpec | None) -> pd.DataFrame:
+    """IQM across seeds of `value` at each point `keys` name (arm, lag and a step or budget), with
+    a bootstrap band when `spec` is given: columns `keys` + BAND_COLUMNS, one row per point.
+
+    Every curve of the report (learning curves, diagnostics, compute-matched) is banded here,
+    so a point's band means the same in each figure.
+    """
     out = []
-    for (arm, lag, step), group in curves.groupby(["arm", "lag", "step"], sort=True):
+    for key, group in curves.groupby(keys, sort=True):
         values = group["value"].to_numpy(dtype=float)
         if spec is None:
-            out.append((arm, lag, step, float(iqm(values)), np.nan, np.nan, len(values)))
+            out.append((*key, float(iqm(values)), np.nan, np.nan, len(values)))
             continue
         interval = aggregate_interval(values, "iqm", spec)
-        out.append((arm, lag, step, interval.value, interval.low, interval.high, interval.n))
-    return pd.DataFrame(out, columns=AGG_COLUMNS)
+        out.append((*key, interval.value, interval.low, interval.high, interval.n))
+    return pd.DataFrame(out, columns=[*keys, *BAND_COLUMNS])
 
 
-def curve_rows(aggregated: pd.DataFrame, section: str) -> list[dict]:
-    """Summary rows for an aggregated curve; the step goes in `comparison` as 'step N'."""
+def aggregate_curves(curves: pd.DataFrame, spec: BootstrapSpec | None) -> pd.DataFrame:
+    """IQM across seeds at each (arm, lag, step); a bootstrap band when `spec` is given."""
+    return iqm_bands(curves, ["arm", "lag", "step"], spec)
+
+
+def band_rows(bands: pd.DataFrame, section: str, label: Callable[[Any], str]) -> list[dict]:
+    """Summary rows of `iqm_bands` output, one per point; `label(point)` (a row of `bands`)
+    is its `comparison`, the point's place on the curve for the reader."""
     return [
         row(
             section,
             "iqm",
             r.iqm,
-            arm=r.arm,
+            arm=str(r.arm),
             lag=int(r.lag),
-            comparison=f"step {r.step:g}",
+            comparison=label(r),
             ci_low=r.low,
             ci_high=r.high,
             n=int(r.n),
         )
-        for r in aggregated.itertuples(index=False)
+        for r in bands.itertuples(index=False)
     ]
+
+
+def curve_rows(aggregated: pd.DataFrame, section: str) -> list[dict]:
+    """Summary rows for an aggregated curve; the step goes in `comparison` as 'step N'."""
+    return band_rows(aggregated, section, lambda r: f"step {r.step:g}")

@@ -10,8 +10,9 @@ instead of failing. Styles follow Agarwal et al. 2021: point estimates with inte
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -41,6 +42,24 @@ def grid(
     FigureCanvasAgg(fig)
     axes = [fig.add_subplot(rows, cols, i + 1) for i in range(n_panels)]
     return fig, axes
+
+
+def lag_grid(
+    lags: Sequence[Any],
+    panel: Callable[[Axes, Any], None],
+    title: str,
+    *,
+    width: float = 4.2,
+    height: float = 3.2,
+) -> Figure:
+    """One panel per lag, drawn by `panel(ax, lag)`, one legend outside them all and `title`
+    above: the layout every per-lag figure shares, so arms keep their place across lags."""
+    fig, axes = grid(len(lags), width=width, height=height)
+    for ax, lag in zip(axes, lags, strict=True):
+        panel(ax, lag)
+    outside_legend(fig, axes)
+    fig.suptitle(title)
+    return fig
 
 
 def outside_legend(fig: Figure, axes: Sequence[Axes]) -> None:
@@ -86,3 +105,21 @@ def interval_panel(ax: Axes, cells: pd.DataFrame, colors: dict[str, str], title:
     ax.set_yticks(y, labels, fontsize=8)
     ax.set(title=title, xlabel="pass rate")
     ax.grid(axis="x", alpha=0.3)
+
+
+def interval_grid(
+    panels: Sequence[tuple[str, pd.DataFrame]],
+    colors: dict[str, str],
+    title: str,
+    *,
+    width: float,
+    height: float,
+    max_cols: int,
+) -> Figure:
+    """One `interval_panel` per (panel title, summary rows), rows ordered by lag then arm, and
+    `title` above: every interval figure lists its cells in the same order."""
+    fig, axes = grid(len(panels), width=width, height=height, max_cols=max_cols)
+    for ax, (name, cells) in zip(axes, panels, strict=True):
+        interval_panel(ax, cells.sort_values(["lag", "arm"]), colors, name)
+    fig.suptitle(title)
+    return fig

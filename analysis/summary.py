@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypedDict, Unpack
 
 import pandas as pd
 
@@ -80,27 +81,27 @@ def row(
     }
 
 
+class CellKeys(TypedDict, total=False):
+    """Which cell an interval row is about: the keys of `row` an `Interval` does not carry."""
+
+    arm: str | None
+    lag: int | None
+    comparison: str | None
+
+
 def interval_row(
-    section: str,
-    statistic: str,
-    interval: Interval,
-    *,
-    arm: str | None = None,
-    lag: int | None = None,
-    comparison: str | None = None,
+    section: str, statistic: str, interval: Interval, **keys: Unpack[CellKeys]
 ) -> dict:
-    """A summary row from a bootstrap `Interval`."""
+    """A summary row from a bootstrap `Interval`; `keys` go to `row` as they are."""
     return row(
         section,
         statistic,
         interval.value,
-        arm=arm,
-        lag=lag,
-        comparison=comparison,
         ci_low=interval.low,
         ci_high=interval.high,
         n=interval.n,
         note=interval.note,
+        **keys,
     )
 
 

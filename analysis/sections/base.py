@@ -17,16 +17,19 @@ findings) comes after them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
+import numpy as np
 import pandas as pd
 
 from analysis.config import ReportConfig
 from analysis.loading import Experiment
 from analysis.render import Block, wide_table
-from analysis.stats import BootstrapSpec
+from analysis.stats import Aggregate, BootstrapSpec, aggregate_interval
+from analysis.summary import interval_row
 from analysis.trial_scores import finished
 
 if TYPE_CHECKING:
@@ -138,3 +141,57 @@ def no_figures(
 ) -> dict[str, Figure | None]:
     """`draw` of a section without figures."""
     return {}
+
+
+class Measure(NamedTuple):
+    """One interval row per cell: `statistic` names it; `aggregate` (IQM or mean) across the
+    cell's trials of `column`, the statistic's own column when None."""
+
+    statistic: str
+    aggregate: Aggregate = "mean"
+    column: str | None = None
+
+
+def cell_rows(
+    frame: pd.DataFrame,
+    section: str,
+    measures: Sequence[Measure],
+    spec: BootstrapSpec,
+    *,
+    within: str | None = None,
+    keep_empty: bool = False,
+) -> list[dict]:
+    """Summary rows of `section`: each measure's interval per (arm, lag) cell of `frame` (one row
+    per trial), cells in sorted order, each cell's measures in the order given.
+
+    The one loop every per-condition table runs, so they cannot differ in how a cell is read:
+    only its finite values count, and a measure a cell has none of gets no row (a metric that
+    trial kind does not log), unless `keep_empty` (a score table lists every cell, "no scores"
+    where nothing scored). `within` splits each cell further by that column (an eval set),
+    whose value becomes the rows' `comparison`; its groups come in groupby order, which for a
+    categorical is its category order (eval sets as the trials list them, not by name).
+    """
+    by = ["arm", "lag", *([within] if within else [])]
+    rows = []
+    for key, cell in frame.groupby(by, sort=True, observed=True):
+        arm, lag = str(key[0]), int(key[1])
+        comparison = str(key[2]) if within else None
+        for m in measures:
+            values = cell[m.column or m.statistic].to_numpy(dtype=float)
+            values = values[np.isfinite(values)]
+            if len(values) or keep_empty:
+                interval = aggregate_interval(values, m.aggregate, spec)
+                rows.append(
+                    interval_row(
+                        section, m.statistic, interval, arm=arm, lag=lag, comparison=comparison
+                    )
+                )
+    return rows
+
+
+def measure_rows(
+    frame: pd.DataFrame, section: str, measures: Sequence[Measure], spec: BootstrapSpec
+) -> list[dict]:
+    """`cell_rows` measure by measure: all cells of the first, then of the next, the row order
+    of a section that lists several metrics per (arm, lag)."""
+    return [r for m in measures for r in cell_rows(frame, section, [m], spec)]

@@ -24,9 +24,10 @@ from matplotlib.figure import Figure
 
 from analysis import figures
 from analysis.config import ReportConfig
+from analysis.curves import band_rows, iqm_bands
 from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, figure, table
-from analysis.stats import BootstrapSpec, aggregate_interval
+from analysis.stats import BootstrapSpec
 from analysis.summary import row
 from analysis.wall_clock import training_seconds
 from contract import metrics as mn
@@ -163,30 +164,12 @@ def matched_curves(curves: pd.DataFrame, points: int = GRID_POINTS) -> pd.DataFr
 
 def aggregate_matched(matched: pd.DataFrame, spec: BootstrapSpec) -> pd.DataFrame:
     """IQM across seeds with a bootstrap band at each (axis, lag, arm, grid point)."""
-    out = []
-    for (axis, lag, arm, x), g in matched.groupby(["axis", "lag", "arm", "x"], sort=True):
-        interval = aggregate_interval(g["value"].to_numpy(dtype=float), "iqm", spec)
-        out.append((axis, lag, arm, x, interval.value, interval.low, interval.high, interval.n))
-    columns = ["axis", "lag", "arm", "x", "iqm", "low", "high", "n"]
-    return pd.DataFrame(out, columns=columns)
+    return iqm_bands(matched, ["axis", "lag", "arm", "x"], spec)
 
 
 def curve_summary_rows(agg: pd.DataFrame) -> list[dict]:
     """Section `compute_curves`: the aggregated curves; `comparison` = '<axis> <x>'."""
-    return [
-        row(
-            "compute_curves",
-            "iqm",
-            r.iqm,
-            arm=str(r.arm),
-            lag=int(r.lag),
-            comparison=f"{r.axis} {r.x:.6g}",
-            ci_low=r.low,
-            ci_high=r.high,
-            n=int(r.n),
-        )
-        for r in agg.itertuples(index=False)
-    ]
+    return band_rows(agg, "compute_curves", lambda r: f"{r.axis} {r.x:.6g}")
 
 
 def _budget_label(axis: str, fraction: float, x: float) -> str:

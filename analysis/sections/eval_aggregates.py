@@ -38,6 +38,7 @@ from analysis.stats import (
 from analysis.summary import interval_row
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 AGGREGATED = ("final_greedy", "auc_greedy", "final_pass1")
@@ -126,15 +127,18 @@ def aggregate_figure(
     cells = summary[(summary["section"] == "eval_aggregate") & (summary["comparison"] == HEADLINE)]
     if cells.empty:
         return None
-    fig, axes = figures.grid(4, width=4.6, height=cell_height(cells), max_cols=4)
-    for ax, name in zip(axes, AGGREGATE_NAMES, strict=True):
-        part = cells[cells["statistic"] == name].sort_values(["lag", "arm"])
-        title = name.replace("_", " ") + (" (lower is better)" if name == "optimality_gap" else "")
-        figures.interval_panel(ax, part, colors_for(cells, colors), title)
-    fig.suptitle(
-        f"Aggregates across eval sets, {confidence:.0%} bootstrap CI stratified by eval set"
+    panels = [
+        (
+            name.replace("_", " ") + (" (lower is better)" if name == "optimality_gap" else ""),
+            cells[cells["statistic"] == name],
+        )
+        for name in AGGREGATE_NAMES
+    ]
+    title = f"Aggregates across eval sets, {confidence:.0%} bootstrap CI stratified by eval set"
+    colors = colors_for(cells, colors)
+    return figures.interval_grid(
+        panels, colors, title, width=4.6, height=cell_height(cells), max_cols=4
     )
-    return fig
 
 
 def profile_figure(
@@ -147,8 +151,8 @@ def profile_figure(
     cells = cells.assign(tau=cells["statistic"].str.removeprefix("above_").astype(float))
     colors = colors_for(cells, colors)
     lags = sorted(int(lag) for lag in cells["lag"].unique())
-    fig, axes = figures.grid(len(lags), width=4.0, height=3.0)
-    for ax, lag in zip(axes, lags, strict=True):
+
+    def panel(ax: Axes, lag: int) -> None:
         for arm, line in cells[cells["lag"] == lag].sort_values("tau").groupby("arm", sort=True):
             ax.plot(line["tau"], line["value"], color=colors[arm], lw=1.8, label=str(arm))
             if line["ci_low"].notna().any():
@@ -158,9 +162,9 @@ def profile_figure(
         ax.set(title=f"lag {lag}", xlabel="final greedy pass rate tau", ylabel="P(score > tau)")
         ax.set(ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
-    figures.outside_legend(fig, axes)
-    fig.suptitle(f"Performance profiles, {confidence:.0%} stratified-bootstrap bands")
-    return fig
+
+    title = f"Performance profiles, {confidence:.0%} stratified-bootstrap bands"
+    return figures.lag_grid(lags, panel, title, width=4.0, height=3.0)
 
 
 def draw(

@@ -20,9 +20,8 @@ from analysis import figures
 from analysis.config import ReportConfig
 from analysis.eval_tables import EVAL_SET, GREEDY, PASS1, STEP, eval_set_names, is_pass_at_k
 from analysis.render import Block
-from analysis.sections.base import Inputs, Page, Part, figure, table
-from analysis.stats import BootstrapSpec, aggregate_interval
-from analysis.summary import interval_row
+from analysis.sections.base import Inputs, Measure, Page, Part, cell_rows, figure, table
+from analysis.stats import BootstrapSpec
 from analysis.trial_scores import area_under_curve, diverged_curve, final_score
 
 if TYPE_CHECKING:
@@ -96,26 +95,10 @@ def set_score_columns(per_set: pd.DataFrame) -> list[str]:
 
 def per_set_rows(per_set: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     """Section `eval_set_scores`: IQM across seeds of each score, per (arm, lag, eval set)."""
-    rows = []
-    sets = eval_set_names(per_set)
-    for (arm, lag), cell in per_set.groupby(["arm", "lag"], sort=True):
-        for eval_set in sets:
-            part = cell[cell[EVAL_SET] == eval_set]
-            for column in set_score_columns(per_set):
-                if column not in part or part[column].isna().all():
-                    continue
-                interval = aggregate_interval(part[column].to_numpy(dtype=float), "iqm", spec)
-                rows.append(
-                    interval_row(
-                        "eval_set_scores",
-                        column,
-                        interval,
-                        arm=str(arm),
-                        lag=int(lag),
-                        comparison=eval_set,
-                    )
-                )
-    return rows
+    ordered = pd.Categorical(per_set[EVAL_SET], categories=eval_set_names(per_set))
+    measures = [Measure(column, "iqm") for column in set_score_columns(per_set)]
+    frame = per_set.assign(**{EVAL_SET: ordered})
+    return cell_rows(frame, "eval_set_scores", measures, spec, within=EVAL_SET)
 
 
 def task_matrix(cell: pd.DataFrame, column: str, sets: list[str]) -> list[np.ndarray]:
@@ -159,13 +142,14 @@ def eval_set_figure(
     sets = list(dict.fromkeys(cells["comparison"]))
     if len(sets) < 2:  # one set: the final-score figure already shows it
         return None
-    fig, axes = figures.grid(len(sets), width=4.6, height=cell_height(cells), max_cols=3)
-    for ax, name in zip(axes, sets, strict=True):
-        part = cells[cells["comparison"] == name].sort_values(["lag", "arm"])
-        title = f"{name}: final greedy pass rate"
-        figures.interval_panel(ax, part, colors_for(cells, colors), title)
-    fig.suptitle(f"Final score per eval set: IQM across seeds, {confidence:.0%} bootstrap CI")
-    return fig
+    panels = [
+        (f"{name}: final greedy pass rate", cells[cells["comparison"] == name]) for name in sets
+    ]
+    title = f"Final score per eval set: IQM across seeds, {confidence:.0%} bootstrap CI"
+    colors = colors_for(cells, colors)
+    return figures.interval_grid(
+        panels, colors, title, width=4.6, height=cell_height(cells), max_cols=3
+    )
 
 
 def draw(

@@ -15,14 +15,15 @@ from analysis import figures
 from analysis.config import ReportConfig
 from analysis.curves import aggregate_curves, curve_rows, trial_curves
 from analysis.render import Block
-from analysis.sections.base import Inputs, Page, Part, figure, table
+from analysis.sections.base import Inputs, Measure, Page, Part, cell_rows, figure, table
 from analysis.sections.eval_sets import eval_set_count
-from analysis.stats import BootstrapSpec, aggregate_interval, stratified_interval
+from analysis.stats import BootstrapSpec, stratified_interval
 from analysis.summary import interval_row
 from analysis.trial_scores import by_condition
 from contract import metrics as mn
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 SCORE_SECTIONS = ("final_score", "auc")
@@ -39,13 +40,9 @@ METHODS = [
 
 
 def condition_rows(scored: pd.DataFrame, column: str, spec: BootstrapSpec) -> list[dict]:
-    """IQM and mean of `column` across seeds for every (arm, lag)."""
-    rows = []
-    for (arm, lag), values in by_condition(scored, column).items():
-        for aggregate in ("iqm", "mean"):
-            interval = aggregate_interval(values, aggregate, spec)
-            rows.append(interval_row(column, aggregate, interval, arm=arm, lag=lag))
-    return rows
+    """IQM and mean of `column` across seeds for every (arm, lag), a scoreless one included."""
+    measures = [Measure("iqm", "iqm", column), Measure("mean", "mean", column)]
+    return cell_rows(scored, column, measures, spec, keep_empty=True)
 
 
 def stratified_rows(scored: pd.DataFrame, column: str, spec: BootstrapSpec) -> list[dict]:
@@ -92,19 +89,16 @@ def learning_curves_figure(
     if agg.empty:
         return None
     colors = colors or figures.arm_colors(list(raw["arm"].unique()) + list(agg["arm"].unique()))
-    lags = sorted(agg["lag"].unique())
-    fig, axes = figures.grid(len(lags))
-    for ax, lag in zip(axes, lags, strict=True):
+
+    def panel(ax: Axes, lag: int) -> None:
         figures.draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
         if threshold is not None:
             ax.axhline(threshold, color="grey", ls=":", lw=1)
         ax.set(title=f"lag {lag}", xlabel="learner step", ylabel="eval pass rate")
         ax.grid(alpha=0.3)
-    figures.outside_legend(fig, axes)
-    fig.suptitle(
-        f"Learning curves: IQM across seeds, band = {confidence:.0%} bootstrap CI; thin = seeds"
-    )
-    return fig
+
+    title = f"Learning curves: IQM across seeds, band = {confidence:.0%} bootstrap CI; thin = seeds"
+    return figures.lag_grid(sorted(agg["lag"].unique()), panel, title)
 
 
 def intervals_figure(
@@ -116,15 +110,16 @@ def intervals_figure(
         return None
     colors = colors or figures.arm_colors(list(cells["arm"].unique()))
     height = 0.3 * cells["arm"].nunique() * cells["lag"].nunique() + 1.2
-    fig, axes = figures.grid(4, width=5.0, height=height, max_cols=2)
-    panels = [(s, a) for s in SCORE_SECTIONS for a in ("iqm", "mean")]
-    for ax, (section, aggregate) in zip(axes, panels, strict=True):
-        part = cells[(cells["section"] == section) & (cells["statistic"] == aggregate)]
-        part = part.sort_values(["lag", "arm"])
-        title = f"{section.replace('_', ' ')}: {aggregate.upper()}"
-        figures.interval_panel(ax, part, colors, title)
-    fig.suptitle(f"Scores across seeds with {confidence:.0%} bootstrap CIs")
-    return fig
+    panels = [
+        (
+            f"{section.replace('_', ' ')}: {aggregate.upper()}",
+            cells[(cells["section"] == section) & (cells["statistic"] == aggregate)],
+        )
+        for section in SCORE_SECTIONS
+        for aggregate in ("iqm", "mean")
+    ]
+    title = f"Scores across seeds with {confidence:.0%} bootstrap CIs"
+    return figures.interval_grid(panels, colors, title, width=5.0, height=height, max_cols=2)
 
 
 def draw(

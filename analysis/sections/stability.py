@@ -25,12 +25,11 @@ from analysis import figures
 from analysis.config import ReportConfig
 from analysis.curves import aggregate_curves, bin_steps, curve_rows, trial_curves
 from analysis.render import Block
-from analysis.sections.base import Inputs, Page, Part, figure, table
-from analysis.stats import BootstrapSpec, aggregate_interval, wilson
+from analysis.sections.base import Inputs, Measure, Page, Part, figure, measure_rows, table
+from analysis.stats import BootstrapSpec, wilson
 from analysis.stats.significance import fisher, holm
 from analysis.stats.survival import kaplan_meier, median_time
-from analysis.summary import interval_row, row
-from analysis.trial_scores import by_condition
+from analysis.summary import row
 from contract import metrics as mn
 
 if TYPE_CHECKING:
@@ -117,14 +116,7 @@ def collapse_rows(finished: pd.DataFrame, confidence: float, alpha: float) -> li
 def metric_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     """Section `stability`: mean across seeds of spike rate, max KL, mean clip fraction and the
     drop from the best eval to the final score."""
-    rows = []
-    for column in STABILITY_METRICS:
-        for (arm, lag), values in by_condition(finished, column).items():
-            if len(values) == 0:
-                continue
-            interval = aggregate_interval(values, "mean", spec)
-            rows.append(interval_row("stability", column, interval, arm=arm, lag=lag))
-    return rows
+    return measure_rows(finished, "stability", [Measure(c) for c in STABILITY_METRICS], spec)
 
 
 def threshold_rows(finished: pd.DataFrame, threshold: float, confidence: float) -> list[dict]:
@@ -229,16 +221,15 @@ def survival_figure(
     if timed.empty:
         return None
     colors = colors or figures.arm_colors(list(timed["arm"].unique()))
-    lags = sorted(timed["lag"].unique())
-    fig, axes = figures.grid(len(lags), height=2.8)
-    for ax, lag in zip(axes, lags, strict=True):
+
+    def panel(ax: Axes, lag: int) -> None:
         _survival_panel(ax, timed[timed["lag"] == lag], colors)
         ax.set(
             title=f"lag {lag}", xlabel="learner step", ylabel="P(not reached)", ylim=(-0.02, 1.02)
         )
-    figures.outside_legend(fig, axes)
-    fig.suptitle(f"Time to pass rate >= {threshold:g} (Kaplan-Meier, censored trials included)")
-    return fig
+
+    title = f"Time to pass rate >= {threshold:g} (Kaplan-Meier, censored trials included)"
+    return figures.lag_grid(sorted(timed["lag"].unique()), panel, title, height=2.8)
 
 
 def draw(

@@ -29,12 +29,12 @@ import pandas as pd
 from analysis import figures
 from analysis.config import ReportConfig
 from analysis.render import Block
-from analysis.sections.base import Inputs, Page, Part, figure, table
+from analysis.sections.base import Inputs, Measure, Page, Part, figure, measure_rows, table
 from analysis.sections.claims import adjusted_p_values
 from analysis.sections.lag_effects import lag_label, max_safe_lag
-from analysis.stats import BootstrapSpec, aggregate_interval, iqm
+from analysis.stats import BootstrapSpec, iqm
 from analysis.stats.significance import holm, paired_t
-from analysis.summary import interval_row, row
+from analysis.summary import row
 from analysis.trial_scores import by_condition, paired_by_seed, seed_values
 
 if TYPE_CHECKING:
@@ -53,14 +53,7 @@ METHODS: list[str] = []
 
 def utilisation_rows(finished: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     """Section `staleness`: mean throughput and utilisation fractions per (arm, lag)."""
-    rows = []
-    for column in UTILISATION_METRICS:
-        for (arm, lag), values in by_condition(finished, column).items():
-            if len(values) == 0:
-                continue
-            interval = aggregate_interval(values, "mean", spec)
-            rows.append(interval_row("staleness", column, interval, arm=arm, lag=lag))
-    return rows
+    return measure_rows(finished, "staleness", [Measure(c) for c in UTILISATION_METRICS], spec)
 
 
 def mean_speed(finished: pd.DataFrame) -> dict[tuple[str, int], float]:

@@ -18,6 +18,7 @@ differences are all equal (bitwise-equal trials: p is the test's limit, 0 or 1).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from scipy import stats
@@ -37,16 +38,26 @@ def _one_sided(diff: np.ndarray, bound: float, alternative: str) -> float:
     return float(stats.ttest_1samp(diff, bound, alternative=alternative).pvalue)
 
 
-def _testable_differences(
-    x: np.ndarray, y: np.ndarray, margin: float, what: str
-) -> np.ndarray | TestResult:
-    """The paired differences x - y to test, or why no t-test can run on them."""
+def _paired_margin_test(
+    x: np.ndarray,
+    y: np.ndarray,
+    margin: float,
+    what: str,
+    *,
+    holds: Callable[[float], bool],
+    p_value: Callable[[np.ndarray], float],
+) -> TestResult:
+    """The course both margin tests share: the paired differences x - y, too few of them to
+    test (`what` says which test), the all-equal limit where `holds(difference)` decides the
+    side, else `p_value(differences)`."""
     if not margin > 0:
         raise ValueError(f"margin must be > 0, got {margin}")
     diff = _paired_differences(x, y)
     if len(diff) < 2:
         return TestResult(math.nan, math.nan, len(diff), f"{what} needs at least 2 matched seeds")
-    return diff
+    if np.all(diff == diff[0]):
+        return _limit(holds(diff[0]), len(diff))
+    return TestResult(p_value(diff), 0.0, len(diff))
 
 
 def _limit(holds: bool, n: int) -> TestResult:
@@ -61,12 +72,14 @@ def noninferiority_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestRe
 
     A small p supports "x is not worse than y by more than `margin`".
     """
-    diff = _testable_differences(x, y, margin, "non-inferiority t")
-    if isinstance(diff, TestResult):
-        return diff
-    if np.all(diff == diff[0]):
-        return _limit(bool(diff[0] > -margin), len(diff))
-    return TestResult(_one_sided(diff, -margin, "greater"), 0.0, len(diff))
+    return _paired_margin_test(
+        x,
+        y,
+        margin,
+        "non-inferiority t",
+        holds=lambda d: bool(d > -margin),
+        p_value=lambda diff: _one_sided(diff, -margin, "greater"),
+    )
 
 
 def tost_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
@@ -74,11 +87,10 @@ def tost_paired(x: np.ndarray, y: np.ndarray, margin: float) -> TestResult:
 
     A small p supports "x and y are within `margin` of each other".
     """
-    diff = _testable_differences(x, y, margin, "TOST")
-    if isinstance(diff, TestResult):
-        return diff
-    if np.all(diff == diff[0]):
-        return _limit(bool(abs(diff[0]) < margin), len(diff))
-    lower = _one_sided(diff, -margin, "greater")
-    upper = _one_sided(diff, margin, "less")
-    return TestResult(max(lower, upper), 0.0, len(diff))
+
+    def larger_p(diff: np.ndarray) -> float:
+        return max(_one_sided(diff, -margin, "greater"), _one_sided(diff, margin, "less"))
+
+    return _paired_margin_test(
+        x, y, margin, "TOST", holds=lambda d: bool(abs(d) < margin), p_value=larger_p
+    )

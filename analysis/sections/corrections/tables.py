@@ -16,9 +16,9 @@ import math
 import numpy as np
 import pandas as pd
 
-from analysis.stats import BootstrapSpec, aggregate_interval
-from analysis.summary import interval_row
-from analysis.trial_scores import by_condition, finished, reduce_metric
+from analysis.sections.base import Measure, measure_rows
+from analysis.stats import BootstrapSpec
+from analysis.trial_scores import finished, reduce_metric
 from contract import metrics as mn
 
 SECTION = "corrections"
@@ -201,13 +201,7 @@ def shows(scores: pd.DataFrame) -> bool:
 
 def _stat_rows(trials: pd.DataFrame, stats: tuple[str, ...], spec: BootstrapSpec) -> list[dict]:
     """Mean across seeds with interval of each statistic, per (arm, lag) that measured it."""
-    rows = []
-    for stat in stats:
-        for (arm, lag), values in by_condition(trials, stat).items():
-            if len(values):
-                interval = aggregate_interval(values, "mean", spec)
-                rows.append(interval_row(SECTION, stat, interval, arm=arm, lag=lag))
-    return rows
+    return measure_rows(trials, SECTION, [Measure(stat) for stat in stats], spec)
 
 
 def _measured(trials: pd.DataFrame, stats: tuple[str, ...]) -> bool:
@@ -216,13 +210,8 @@ def _measured(trials: pd.DataFrame, stats: tuple[str, ...]) -> bool:
 
 def score_rows(scored: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
     """Final score and AUC per (arm, lag): IQM across seeds with the usual interval."""
-    rows = []
-    for stat, source in (("final_score_iqm", "final_score"), ("auc_iqm", "auc")):
-        for (arm, lag), values in by_condition(scored, source).items():
-            if len(values):
-                interval = aggregate_interval(values, "iqm", spec)
-                rows.append(interval_row(SECTION, stat, interval, arm=arm, lag=lag))
-    return rows
+    measures = [Measure("final_score_iqm", "iqm", "final_score"), Measure("auc_iqm", "iqm", "auc")]
+    return measure_rows(scored, SECTION, measures, spec)
 
 
 def correction_rows(metrics: pd.DataFrame, scores: pd.DataFrame, spec: BootstrapSpec) -> list[dict]:
