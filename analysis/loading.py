@@ -23,6 +23,7 @@ from contract import step_tables
 from contract.environment import mixed_line
 from contract.layout import METRICS_DIR, TRIAL_JSON, TRIALS_DIR, ExperimentPaths, TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record
+from contract.regime import TrialRegime
 from contract.trial import TrialStatus
 
 KEY_COLUMNS = ["experiment", "trial_name", "arm", "seed", "lag", "mode", "status", "diverged"]
@@ -33,7 +34,7 @@ TRIAL_COLUMNS = [
     "steps_planned",
     "last_step",
     "started_s",  # trial.json `started_at` as epoch seconds (NaN if absent): start-up's origin
-    "policy",  # the staleness policy the trial ran (`staleness_policy`)
+    "policy",  # the staleness policy the trial ran, in words (`TrialRegime.words`)
     "correction",  # the arm's off-policy correction (`arms[].correction`); "" when none
 ]
 PROBLEM_COLUMNS = ["trial_name", "arm", "seed", "lag", "status", "problem"]
@@ -93,15 +94,6 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     return frame.reset_index(drop=True), problems
 
 
-def staleness_policy(mode: str, lag: int, sync_every: int, partial: bool = False) -> str:
-    """The staleness policy of a trial in words: its mode and lag (admission control and, in
-    bounded mode, dropping), partial rollouts (in-flight responses continued on new weights),
-    and the weight-sync interval when generators sync less often."""
-    words = f"fixed lag {lag}" if mode == "fixed" else f"bounded, max lag {lag}"
-    words += ", partial rollouts" if partial else ""
-    return words + (f", weights synced every {sync_every} steps" if sync_every > 1 else "")
-
-
 def _resolved_config(trial_dir: Path) -> dict:
     """The trial's resolved config (empty when absent or unreadable: written before it existed)."""
     try:
@@ -120,11 +112,23 @@ def _arm_entry(config: dict, arm: str) -> dict:
     return {}
 
 
-def _regime(config: dict, arm: str) -> tuple[int, bool]:
-    """(sync_every, partial_rollouts) of arm `arm`'s trials in a resolved config: the arm's own
-    `staleness` fields where set, else the experiment's (`harness.staleness_regimes`); 1 and
-    False when absent (written before the options existed, or at their defaults, which the
-    resolved config leaves out)."""
+def _legacy_regime(record: TrialRecord, config: dict) -> TrialRegime:
+    """The regime of a record written before trial.json recorded it (`TrialRecord.regime`),
+    read from the trial's resolved config: the arm's own `staleness` fields where set, else the
+    experiment's; sync every 1 step and no partial rollouts when absent (written before the
+    options existed, or at their defaults, which the resolved config leaves out)."""
+    sync_every, partial = _legacy_sync_and_partial(config, record.arm)
+    return TrialRegime(
+        mode=record.mode,
+        lag=record.lag,
+        partial_rollouts=partial,
+        sync_every=sync_every,
+        correction=_legacy_correction(config, record.arm),
+    )
+
+
+def _legacy_sync_and_partial(config: dict, arm: str) -> tuple[int, bool]:
+    """(sync_every, partial_rollouts) of arm `arm`'s trials in a resolved config."""
     own = _arm_entry(config, arm).get("staleness")
     shared = config.get("staleness")
     layers = [part for part in (own, shared) if isinstance(part, dict)]
@@ -136,7 +140,7 @@ def _regime(config: dict, arm: str) -> tuple[int, bool]:
     return (sync if isinstance(sync, int) and sync >= 1 else 1), partial is True
 
 
-def _correction(config: dict, arm: str) -> str:
+def _legacy_correction(config: dict, arm: str) -> str:
     """The off-policy correction arm `arm` of a resolved config applies ("" when none, or when
     the config does not list the arm): the report's corrections section needs one to show."""
     value = _arm_entry(config, arm).get("correction")
@@ -147,8 +151,8 @@ def _trial_row(
     record: TrialRecord, name: str, last_step: float, config: dict | None = None
 ) -> dict:
     """One row of `Experiment.trials`; statuses and modes as plain strings. `config` is the
-    trial's resolved config (sync interval, the arm's correction)."""
-    config = config or {}
+    trial's resolved config, read only for a record that predates `TrialRecord.regime`."""
+    regime = record.regime or _legacy_regime(record, config or {})
     status = str(record.status)
     return {
         "experiment": record.experiment or "",
@@ -166,8 +170,8 @@ def _trial_row(
         "steps_planned": record.steps_planned,
         "last_step": last_step,
         "started_s": _epoch_s(record.started_at),
-        "policy": staleness_policy(str(record.mode), record.lag, *_regime(config, record.arm)),
-        "correction": _correction(config, record.arm),
+        "policy": regime.words(),
+        "correction": regime.correction,
     }
 
 

@@ -308,6 +308,11 @@ def write_experiment(root: Path, spec: SyntheticSpec | None = None) -> Path:
                     "diverged_reason": "non-finite grad norm" if diverges else None,
                     "steps_planned": spec.steps,
                     "started_at": STARTED_AT,
+                    "regime": {
+                        "mode": spec.mode,
+                        "lag": lag,
+                        "correction": spec.arm_corrections.get(arm) or "",
+                    },
                 }
                 table = trial_table(spec, arm, seed, lag, last, startup=startup.get(key, 0.0))
                 evals = evals_table(spec, table) if spec.eval_sets else None

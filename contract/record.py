@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contract.durable import write_atomic
 from contract.layout import TrialPaths
+from contract.regime import TrialRegime
 from contract.trial import StalenessMode, TrialStatus
 
 
@@ -56,6 +57,11 @@ class TrialRecord(BaseModel):
     resumed: bool = Field(default=False, description="This attempt resumed a previous one.")
     provenance: dict[str, Any] | None = Field(
         default=None, description="Git commit and dirty flag, package versions, hardware."
+    )
+    regime: TrialRegime | None = Field(
+        default=None,
+        description="The resolved staleness regime and correction; None in records written "
+        "before it was recorded (the report then reads them from the resolved config).",
     )
 
     @field_validator("status", mode="before")

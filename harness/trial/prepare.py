@@ -20,6 +20,7 @@ from contract.durable import file_digest
 from contract.environment import resume_line
 from contract.layout import TrialPaths
 from contract.record import TrialRecord, TrialRecordError, read_trial_record, write_trial_record
+from contract.regime import TrialRegime
 from contract.trial import TERMINAL_STATUSES, TrialSpec, TrialStatus
 from harness.config import HASH_EXCLUDED, ConfigError, ExperimentConfig, resolved_dump
 from harness.executors.base import TrialFailedError
@@ -188,9 +189,22 @@ def prepare_trial(
         finished_at=None,
         resumed=resume,
         provenance=_provenance_of_attempt(previous if resume else None),
+        regime=trial_regime(cfg, spec),
     )
     write_trial_record(paths.root, record)
     return record
+
+
+def trial_regime(cfg: ExperimentConfig, spec: TrialSpec) -> TrialRegime:
+    """The regime `spec` runs under, resolved once for its record (`contract.regime`)."""
+    regime, arm = cfg.regime(spec.arm), cfg.arm(spec.arm)
+    return TrialRegime(
+        mode=spec.mode,
+        lag=spec.lag,
+        partial_rollouts=regime.partial_rollouts,
+        sync_every=regime.sync_every,
+        correction=arm.correction or "",
+    )
 
 
 def _provenance_of_attempt(previous: TrialRecord | None) -> dict[str, Any]:

@@ -190,3 +190,25 @@ def test_each_trial_states_its_staleness_policy(tmp_path: Path) -> None:
         "max lag 2, weights synced every 3 steps (1 trial); fixed lag 0 (1 trial); fixed lag 1 "
         "(1 trial)."
     )
+
+
+def test_a_recorded_regime_is_read_from_the_record_not_the_resolved_config(
+    tmp_path: Path,
+) -> None:
+    """A record that carries its regime (`TrialRegime`, written when the trial is prepared) is
+    the one source: a resolved config that says otherwise is not read."""
+    regime = {
+        "mode": "bounded",
+        "lag": 2,
+        "partial_rollouts": True,
+        "sync_every": 2,
+        "correction": "tis_token",
+    }
+    trial = _trial(tmp_path, "a", mode="bounded", lag=2, regime=regime)
+    (trial / "resolved_config.yaml").write_text(
+        "staleness: {mode: bounded, lags: [2], sync_every: 5}\n"
+        "arms:\n  - {name: gspo, objective: gspo, correction: icepop}\n"
+    )
+    row = load_experiment(tmp_path).trials.set_index("trial_name").loc["a"]
+    assert row["policy"] == "bounded, max lag 2, partial rollouts, weights synced every 2 steps"
+    assert row["correction"] == "tis_token"

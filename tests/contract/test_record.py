@@ -11,9 +11,11 @@ import pytest
 from contract.record import (
     TrialRecord,
     TrialRecordError,
+    parse_trial_record,
     read_trial_record,
     write_trial_record,
 )
+from contract.regime import TrialRegime
 from contract.trial import TrialStatus
 
 # What harness/trial/prepare.py writes when a trial starts (every key it writes).
@@ -39,6 +41,13 @@ RUNNER_RECORD = {
     "finished_at": None,
     "resumed": False,
     "provenance": {"git": {"commit": "abc123", "dirty": False}, "packages": {}, "hardware": {}},
+    "regime": {
+        "mode": "fixed",
+        "lag": 2,
+        "partial_rollouts": False,
+        "sync_every": 1,
+        "correction": "",
+    },
 }
 
 
@@ -117,3 +126,19 @@ def test_garbage_is_refused_naming_the_file(tmp_path: Path) -> None:
     with pytest.raises(TrialRecordError, match=r"trial\.json holds a list, expected a JSON object"):
         read_trial_record(tmp_path)
     assert issubclass(TrialRecordError, ValueError)  # callers that caught ValueError still do
+
+
+def test_the_regime_round_trips_and_older_records_have_none(tmp_path: Path) -> None:
+    """trial.json keeps the resolved regime as written; a record from before it was recorded
+    reads as `regime=None`; a misspelt regime key is refused, naming it."""
+    regime = TrialRegime(mode="bounded", lag=3, partial_rollouts=True, sync_every=2)
+    record = TrialRecord(arm="gspo", seed=0, lag=3, mode="bounded", status="running", regime=regime)
+    write_trial_record(tmp_path, record)
+    assert read_trial_record(tmp_path).regime == regime
+    assert regime.words() == "bounded, max lag 3, partial rollouts, weights synced every 2 steps"
+    assert TrialRegime(mode="fixed", lag=0).words() == "fixed lag 0"
+    older = {"arm": "gspo", "seed": 0, "lag": 0, "mode": "fixed", "status": "completed"}
+    assert parse_trial_record(json.dumps(older), tmp_path / "trial.json").regime is None
+    bad = {**older, "regime": {"mode": "fixed", "lag": 0, "sync_evry": 2}}
+    with pytest.raises(TrialRecordError, match=r"regime\.sync_evry"):
+        parse_trial_record(json.dumps(bad), tmp_path / "trial.json")
