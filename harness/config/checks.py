@@ -26,33 +26,21 @@ from learner.config.omitted import OMITTED_AT_DEFAULT as LEARNER_OMITTED
 
 
 class CheckedConfig(Protocol):
-    """What the rules read of an `ExperimentConfig`: its sections, an arm's resolved regime,
-    its dynamic-sampling rounds and its eval sets."""
+    """What the rules read of an `ExperimentConfig` (whose fields these are): its sections, an
+    arm's resolved regime, its dynamic-sampling rounds and its eval sets."""
 
-    @property
-    def arms(self) -> list[ArmConfig]: ...
-    @property
-    def seeds(self) -> list[int]: ...
-    @property
-    def model(self) -> ModelConfig: ...
-    @property
-    def task(self) -> TaskConfig: ...
-    @property
-    def train_tasks(self) -> list[TrainTaskConfig]: ...
-    @property
-    def evals(self) -> list[EvalSetConfig]: ...
-    @property
-    def generation(self) -> GenerationConfig: ...
-    @property
-    def buffer(self) -> BufferConfig: ...
-    @property
-    def staleness(self) -> StalenessConfig: ...
-    @property
-    def learner(self) -> LearnerConfig: ...
-    @property
-    def executor(self) -> ExecutorConfig: ...
-    @property
-    def tuning(self) -> TuningConfig | None: ...
+    arms: list[ArmConfig]
+    seeds: list[int]
+    model: ModelConfig
+    task: TaskConfig
+    train_tasks: list[TrainTaskConfig]
+    evals: list[EvalSetConfig]
+    generation: GenerationConfig
+    buffer: BufferConfig
+    staleness: StalenessConfig
+    learner: LearnerConfig
+    executor: ExecutorConfig
+    tuning: TuningConfig | None
 
     def dynamic_sampling_rounds(self, arm: str | None = None) -> int: ...
     def regime(self, arm: str) -> Regime: ...

@@ -27,7 +27,6 @@ from harness.config.checks import (
     check_message_size,
     check_model_and_backends,
     check_path_component,
-    check_response_fits,
     check_staleness_and_depth,
     check_tuning,
 )
@@ -40,17 +39,9 @@ from harness.config.evals import (
 )
 from harness.config.executor import ExecutorConfig
 from harness.config.sections import (
-    UNREPRODUCIBLE_SAMPLING,
-    BuiltinTokenizer,
     GenerationConfig,
-    GeneratorBackend,
-    Gsm8kMode,
-    ModelArch,
     ModelConfig,
-    PromptFormat,
     TaskConfig,
-    TaskName,
-    VerifierName,
 )
 from harness.config.tuning import TuningConfig
 from harness.overrides import ConfigError, apply_overrides
@@ -64,36 +55,6 @@ from learner.config import (
 )
 from learner.config.omitted import OMITTED_AT_DEFAULT as LEARNER_OMITTED_AT_DEFAULT
 from learner.config.plugin_records import plugin_digests
-
-__all__ = [
-    "HASH_EXCLUDED",
-    "OMITTED_AT_DEFAULT",
-    "UNREPRODUCIBLE_SAMPLING",
-    "BuiltinTokenizer",
-    "ConfigError",
-    "EvalConfig",
-    "EvalSetConfig",
-    "ExecutorConfig",
-    "ExperimentConfig",
-    "GenerationConfig",
-    "GeneratorBackend",
-    "Gsm8kMode",
-    "ModelArch",
-    "ModelConfig",
-    "PromptFormat",
-    "TaskConfig",
-    "TaskName",
-    "TrackingConfig",
-    "TrainTaskConfig",
-    "VerifierName",
-    "check_path_component",
-    "check_response_fits",
-    "format_validation_error",
-    "load_config",
-    "load_config_data",
-    "resolved_dump",
-    "validate_config",
-]
 
 
 class TrackingConfig(BaseModel):
