@@ -44,7 +44,7 @@ def read_evals(path: Path) -> tuple[pd.DataFrame | None, list[str]]:
     (step, eval_set) written twice (a resumed learner) keeps its last row; an unreadable part
     is skipped and reported, like the step table's parts.
     """
-    found = step_tables.read_parts(path)
+    found = step_tables.read_steps(path, strict=False)  # sorted by step, stably
     problems = list(found.problems)
     if found.table is None:
         return None, problems
@@ -54,8 +54,8 @@ def read_evals(path: Path) -> tuple[pd.DataFrame | None, list[str]]:
     keep = [STEP, EVAL_SET, *score_columns(frame)]
     frame = frame[keep].drop_duplicates([STEP, EVAL_SET], keep="last")
     frame = frame.astype({STEP: "float64", EVAL_SET: "string"})
-    # stable: within a step the rows keep the trial's order of eval sets (the config's)
-    return frame.sort_values(STEP, kind="stable").reset_index(drop=True), problems
+    # within a step the rows keep the trial's order of eval sets (the config's)
+    return frame.reset_index(drop=True), problems
 
 
 def legacy_evals(metrics: pd.DataFrame) -> pd.DataFrame:

@@ -74,12 +74,12 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     """Read all parquet parts of one trial; return (step-sorted frame, problems found).
 
     Parts are read under the union of their schemas because a metric may first appear in a
-    later part; an unreadable part is skipped and reported (`contract.step_tables.read_parts`).
+    later part; an unreadable part is skipped and reported (`contract.step_tables.read_steps`).
     A step written twice (a resumed learner re-appending) keeps its last row.
     """
     if not path.exists():
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [f"{METRICS_DIR} absent"]
-    found = step_tables.read_parts(path)
+    found = step_tables.read_steps(path, strict=False)  # sorted by step, stably
     problems = list(found.problems)
     if found.table is None:
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [*problems, "no metric rows yet"]
@@ -88,7 +88,7 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, list[str]]:
     frame = frame[keep]
     if mn.STEP not in frame.columns:
         return pd.DataFrame(columns=[mn.STEP, mn.TIMESTAMP]), [*problems, "no `step` column"]
-    frame = frame.drop_duplicates(subset=mn.STEP, keep="last").sort_values(mn.STEP)
+    frame = frame.drop_duplicates(subset=mn.STEP, keep="last")
     if frame.empty:
         problems.append("no metric rows yet")
     return frame.reset_index(drop=True), problems

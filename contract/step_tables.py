@@ -14,10 +14,12 @@ power loss), so readers see only whole steps while the trial runs, and a resumed
 parts newer than its checkpoint with `truncate_after`, after checking the older ones against
 the checkpoint's manifest (`learner.runtime.checkpoint`).
 
-Reading: the parts are read under the union of their schemas (a column first written by a later
-version reads as null in earlier parts). `read_parts` reports a damaged part as a problem and
-reads the rest (analysis: one broken file never hides a trial); `read_table` raises instead
-(the harness must not log half a trial to MLflow without saying so).
+Reading: `read_steps` is every table's one reader, for the learner, the harness and analysis
+alike. The parts are read under the union of their schemas (a column first written by a later
+version reads as null in earlier parts) and sorted by step, stably, so the rows of one step keep
+their written order. Strict by default: a damaged part raises (the harness must not log half a
+trial to MLflow without saying so); analysis reads leniently, where a damaged part becomes a
+problem line and the rest is read (one broken file never hides a trial).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ import pyarrow.parquet as pq
 from contract.durable import write_atomic
 
 _PART = re.compile(r"^part-(\d{6})\.parquet$")
+STEP = "step"  # every step table's step column (contract.metrics, .evals and .rollout_log)
 
 
 class DamagedPartError(OSError):
-    """A step table holds parts that cannot be read (`read_table`)."""
+    """A step table holds parts that cannot be read (`read_steps`, strict)."""
 
 
 @dataclass(frozen=True)
@@ -130,18 +133,24 @@ def read_parts(root: Path) -> PartsRead:
     return PartsRead(pa.concat_tables(tables) if tables else None, problems)
 
 
-def read_table(root: Path) -> pa.Table | None:
-    """Every part of `root` as one table in part order; None when there is no part.
+def read_steps(root: Path, *, strict: bool = True) -> PartsRead:
+    """Every part of `root` as one table sorted by step, stably (the rows of one step in the
+    order written); its table is None when there is no part (or no readable one).
 
-    Raises `DamagedPartError` naming the parts that cannot be read.
+    `strict` raises `DamagedPartError` naming the parts that cannot be read; otherwise they are
+    left out and listed in `problems`. A table without a step column is returned unsorted, for
+    the caller to report.
     """
     found = read_parts(root)
-    if found.problems:
+    if strict and found.problems:
         raise DamagedPartError(
             f"{root}: {'; '.join(found.problems)}; restore or delete the damaged parts "
             "(analysis reads the rest and reports them)"
         )
-    return found.table
+    table = found.table
+    if table is not None and STEP in table.column_names:
+        table = table.sort_by(STEP)  # Arrow's sort is stable
+    return PartsRead(table, found.problems)
 
 
 def _dataset(parts: list[Path], schema: pa.Schema) -> pa.Table:

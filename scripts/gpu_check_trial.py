@@ -33,10 +33,10 @@ def check_trial(trial_dir: Path) -> dict[str, object]:
         raise SystemExit(f"{trial_dir}: no trial.json")
     if record.status != TrialStatus.COMPLETED:
         raise SystemExit(f"{trial_dir}: status {record.status}: {record.failure_reason}")
-    table = step_tables.read_table(TrialPaths(trial_dir).metrics)
+    table = step_tables.read_steps(TrialPaths(trial_dir).metrics).table
     if table is None:
         raise SystemExit(f"{trial_dir}: no metrics parts")
-    rows = table.sort_by(M.STEP).to_pylist()
+    rows = table.to_pylist()  # sorted by step
     rows = [r for r in rows if r[M.STEP] >= 1]  # step 0 holds the initial eval alone
     if len(rows) != record.steps_planned:
         raise SystemExit(f"{trial_dir}: {len(rows)} metric rows for {record.steps_planned} steps")

@@ -33,7 +33,6 @@ from mlflow.utils.validation import (
 
 from contract import evals as E
 from contract import metrics as M
-from contract import rollout_log as RL
 from contract import step_tables
 from contract.layout import (
     EVALS_DIR,
@@ -210,9 +209,7 @@ def eval_metric_batches(table: pa.Table, now_ms: int) -> Iterator[list[Metric]]:
 def read_evals(trial_dir: Path) -> pa.Table | None:
     """Every eval row of a trial sorted by step, sets in file order (None if it wrote none: older
     trials have no evals table). A damaged part raises `contract.step_tables.DamagedPartError`."""
-    root = TrialPaths(Path(trial_dir)).evals
-    table = step_tables.read_table(root) if root.is_dir() else None
-    return table.sort_by(E.STEP) if table is not None and table.num_rows else None
+    return _rows(TrialPaths(Path(trial_dir)).evals)
 
 
 def read_rollouts(trial_dir: Path) -> pa.Table | None:
@@ -220,17 +217,20 @@ def read_rollouts(trial_dir: Path) -> pa.Table | None:
     logged steps) sorted by step, groups and samples in the order trained; None if it logged
     none (a trial older than the log, or `learner.rollout_log.every: 0`). A damaged part raises
     `contract.step_tables.DamagedPartError`."""
-    root = TrialPaths(Path(trial_dir)).rollouts
-    table = step_tables.read_table(root) if root.is_dir() else None
-    return table.sort_by(RL.STEP) if table is not None and table.num_rows else None
+    return _rows(TrialPaths(Path(trial_dir)).rollouts)
 
 
 def read_metrics(trial_dir: Path) -> pa.Table | None:
     """All metric rows of a trial sorted by step (None if it wrote none), read by the learner's
     writer's reader (`contract.step_tables`; a damaged part raises its `DamagedPartError`)."""
-    root = TrialPaths(Path(trial_dir)).metrics
-    table = step_tables.read_table(root) if root.is_dir() else None
-    return table.sort_by(M.STEP) if table is not None and table.num_rows else None
+    return _rows(TrialPaths(Path(trial_dir)).metrics)
+
+
+def _rows(root: Path) -> pa.Table | None:
+    """A step table's rows sorted by step (`contract.step_tables.read_steps`, strict), or None
+    when it has none."""
+    table = step_tables.read_steps(root).table
+    return table if table is not None and table.num_rows else None
 
 
 def prompt_set_digest(frame: pd.DataFrame) -> str:

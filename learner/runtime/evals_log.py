@@ -62,7 +62,5 @@ class EvalsLog:
         """All rows so far, sorted by (step, file order of the sets); empty with the fixed columns
         when no eval has run (raises `contract.step_tables.DamagedPartError` if a part cannot be
         read)."""
-        table = step_tables.read_table(self.root)
-        if table is None:
-            return evals_schema([]).empty_table()
-        return table.sort_by(E.STEP)  # Arrow's sort is stable: sets keep their order
+        table = step_tables.read_steps(self.root).table  # sets keep their order in a step
+        return evals_schema([]).empty_table() if table is None else table

@@ -69,10 +69,8 @@ class MetricsLog:
     def read(self) -> pa.Table:
         """All rows so far, sorted by step; columns are the union over parts (raises
         `contract.step_tables.DamagedPartError` if a part cannot be read)."""
-        table = step_tables.read_table(self.root)
-        if table is None:
-            return pa.table({M.STEP: pa.array([], pa.int64())})
-        return table.sort_by(M.STEP)
+        table = step_tables.read_steps(self.root).table
+        return pa.table({M.STEP: pa.array([], pa.int64())}) if table is None else table
 
 
 class GroupLedger:

@@ -116,10 +116,8 @@ class RolloutLog:
     def read(self) -> pa.Table:
         """All rows so far, sorted by step (empty, with the schema, when nothing was logged);
         raises `contract.step_tables.DamagedPartError` if a part cannot be read."""
-        table = step_tables.read_table(self.root)
-        if table is None:
-            return R.ROLLOUT_LOG_SCHEMA.empty_table()
-        return table.sort_by(R.STEP)  # stable: groups and samples keep their order
+        table = step_tables.read_steps(self.root).table  # groups and samples in trained order
+        return R.ROLLOUT_LOG_SCHEMA.empty_table() if table is None else table
 
 
 class StepRecords:

@@ -36,7 +36,7 @@ def test_a_part_round_trips_with_the_documented_types(tmp_path: Path) -> None:
     root = tmp_path / "rollouts.parquet"
     for step in (2, 3):
         step_tables.write_part(root, step, R.rollout_table(_columns(step)))
-    table = step_tables.read_table(root)
+    table = step_tables.read_steps(root).table
     assert table.schema == R.ROLLOUT_LOG_SCHEMA
     rows = table.to_pylist()
     assert [r[R.STEP] for r in rows] == [2, 2, 3, 3]

@@ -1,5 +1,5 @@
 """contract.step_tables: whole parts only, truncation on resume, schema union across versions, and
-damaged parts reported (read_parts) or refused (read_table)."""
+damaged parts reported (read_parts, read_steps lenient) or refused (read_steps)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_union_schema_reads_a_later_column_as_null(tmp_path: Path) -> None:
     schema = step_tables.union_schema(step_tables.list_parts(root))
     assert schema.names == ["step", "a", "b"]
     # read back: part 0 has no `b`, so its row reads b = null
-    table = step_tables.read_table(root)
+    table = step_tables.read_steps(root).table
     assert table is not None
     assert table.to_pydict() == {"step": [0, 1], "a": [1.0, 2.0], "b": [None, 3.0]}
 
@@ -47,11 +47,11 @@ def test_round_trip_names_parts_by_step_and_leaves_no_temporary(tmp_path: Path) 
     assert sorted(p.name for p in root.iterdir()) == ["part-000004.parquet", "part-000012.parquet"]
     assert step_tables.list_parts(root) == [written, root / "part-000012.parquet"]
     # rows in part order, and within a part in written order (zeta before alpha)
-    table = step_tables.read_table(root)
+    table = step_tables.read_steps(root).table
     assert table is not None and table.equals(pa.concat_tables([two_sets, two_sets.slice(0, 1)]))
     # rewriting a step replaces its part (a resumed learner re-running the step)
     step_tables.write_part(root, 12, pa.table({"step": [12], "eval_set": ["x"], "score": [1.0]}))
-    table = step_tables.read_table(root)
+    table = step_tables.read_steps(root).table
     assert table is not None and table["score"].to_pylist() == [0.5, 0.25, 1.0]
 
 
@@ -59,7 +59,7 @@ def test_missing_and_empty_roots_read_as_no_table(tmp_path: Path) -> None:
     missing = tmp_path / "nothing"
     assert step_tables.part_steps(missing) == [] and step_tables.list_parts(missing) == []
     assert step_tables.read_parts(missing) == step_tables.PartsRead(None, [])
-    assert step_tables.read_table(missing) is None
+    assert step_tables.read_steps(missing).table is None
     step_tables.truncate_after(missing, 0)  # nothing to drop, no error
     empty = tmp_path / "metrics.parquet"
     empty.mkdir()
@@ -81,7 +81,7 @@ def test_types_are_promoted_across_parts(tmp_path: Path) -> None:
     root = tmp_path / "metrics.parquet"
     step_tables.write_part(root, 0, pa.table({"step": [0], "x": pa.array([1], pa.int64())}))
     step_tables.write_part(root, 1, pa.table({"step": [1], "x": pa.array([0.5], pa.float64())}))
-    table = step_tables.read_table(root)
+    table = step_tables.read_steps(root).table
     assert table is not None and table.schema.field("x").type == pa.float64()
     assert table["x"].to_pylist() == [1.0, 0.5]
 
@@ -94,7 +94,7 @@ def assert_steps_0_1_read_and_reported(root: Path, damaged: str) -> None:
     assert len(found.problems) == 1
     assert found.problems[0].startswith(f"unreadable {root.name} part {damaged}: ")
     with pytest.raises(DamagedPartError, match=re.escape(damaged)):
-        step_tables.read_table(root)
+        step_tables.read_steps(root)
 
 
 def test_part_without_a_footer_is_reported_and_the_rest_read(tmp_path: Path) -> None:
