@@ -2,7 +2,7 @@
 
 Same conventions as the report's other figures (`analysis.figures`): matplotlib's object API
 on the Agg canvas (no pyplot state, so no figure is left open to close), one colour per arm
-from `figures.arm_colors`, one legend below the panels, PNG written by `figures.save`.
+from `arm_colors`, one legend below the panels, PNG written by `save`.
 Unlike the sections' `*_figure` functions, which return None when there is nothing to draw,
 these raise ValueError on empty input: a tuning report without curves is a caller's bug.
 """
@@ -20,7 +20,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from analysis import figures
+from analysis.figures import arm_colors, grid, outside_legend, save
 from analysis.stats.expected_max import SENSITIVITY_COLUMNS, ExpectedMaxCurve
 
 DPI = 110  # ReportConfig.figure_dpi's default
@@ -41,7 +41,7 @@ def expected_max_figure(curves: Mapping[str, ExpectedMaxCurve]) -> Figure:
     estimators = {curve.estimator for curve in curves.values()}
     if len(estimators) > 1:
         raise ValueError(f"curves mix estimators {sorted(estimators)}; plot like with like")
-    colors = figures.arm_colors(list(curves))
+    colors = arm_colors(list(curves))
     fig = Figure(figsize=(6.5, 4.0), layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -61,7 +61,7 @@ def expected_max_figure(curves: Mapping[str, ExpectedMaxCurve]) -> Figure:
     (estimator,) = estimators
     ax.set(xlabel="configurations tried (n)", ylabel="expected max validation score")
     ax.grid(alpha=0.3)
-    figures.outside_legend(fig, [ax])
+    outside_legend(fig, [ax])
     fig.suptitle(f"Expected validation performance ({estimator} estimator), band +-1 std")
     return fig
 
@@ -70,7 +70,7 @@ def plot_expected_max(
     curves: Mapping[str, ExpectedMaxCurve], path: Path | str, *, dpi: int = DPI
 ) -> Path:
     """Write `expected_max_figure(curves)` as a PNG at `path`; returns the path."""
-    return figures.save(expected_max_figure(curves), Path(path), dpi)
+    return save(expected_max_figure(curves), Path(path), dpi)
 
 
 def _is_numeric(values: pd.Series) -> bool:
@@ -129,12 +129,12 @@ def sensitivity_figure(table: pd.DataFrame, *, confidence: float = 0.95) -> Figu
     if table.empty:
         raise ValueError("plot_sensitivity got an empty sensitivity table: nothing to draw")
     params = list(dict.fromkeys(table["param"]))
-    colors = figures.arm_colors([str(arm) for arm in table["arm"].unique()])
-    fig, axes = figures.grid(len(params), width=4.2, height=3.2)
+    colors = arm_colors([str(arm) for arm in table["arm"].unique()])
+    fig, axes = grid(len(params), width=4.2, height=3.2)
     for ax, param in zip(axes, params, strict=True):
         cells = table[table["param"] == param].astype({"arm": str})
         _sensitivity_panel(ax, cells, str(param), colors)
-    figures.outside_legend(fig, axes)
+    outside_legend(fig, axes)
     fig.suptitle(
         f"Hyperparameter sensitivity: mean over tuning seeds, {confidence:.0%} bootstrap interval"
     )
@@ -145,4 +145,4 @@ def plot_sensitivity(
     table: pd.DataFrame, path: Path | str, *, confidence: float = 0.95, dpi: int = DPI
 ) -> Path:
     """Write `sensitivity_figure(table)` as a PNG at `path`; returns the path."""
-    return figures.save(sensitivity_figure(table, confidence=confidence), Path(path), dpi)
+    return save(sensitivity_figure(table, confidence=confidence), Path(path), dpi)

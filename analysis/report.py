@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.document import report_blocks
+from analysis.figures import arm_colors, save
 from analysis.loading import Experiment, load_experiment
 from analysis.render import to_html, to_markdown
 from analysis.sections import ANALYSIS_ORDER, SECTIONS, Inputs, Page, Part, Section
@@ -72,7 +72,7 @@ def analyse(
 def make_figures(analysis: Analysis, config: ReportConfig) -> dict[str, Figure]:
     """Every figure that has data, by name, in document order (not yet written)."""
     scores = analysis.inputs.scores
-    colors = figures.arm_colors(list(scores["arm"])) if len(scores) else {}
+    colors = arm_colors(list(scores["arm"])) if len(scores) else {}
     made: dict[str, Figure | None] = {}
     for section, part in zip(SECTIONS, analysis.parts, strict=True):
         made |= section.draw(part, analysis.summary, colors, config)
@@ -80,12 +80,12 @@ def make_figures(analysis: Analysis, config: ReportConfig) -> dict[str, Figure]:
 
 
 def draw_figures(analysis: Analysis, config: ReportConfig, fig_dir: Path) -> dict[str, Path]:
-    """Write every figure that has data (`figures.save`: titles fitted first); returns
+    """Write every figure that has data (`save`: titles fitted first); returns
     {name: path}. A figure an earlier build of the same report wrote and this one does not
     (its section no longer shows, e.g. a trade-off plot of a single lag) is removed, so the
     directory holds exactly the report's figures."""
     written = {
-        name: figures.save(fig, fig_dir / f"{name}.png", config.figure_dpi)
+        name: save(fig, fig_dir / f"{name}.png", config.figure_dpi)
         for name, fig in make_figures(analysis, config).items()
     }
     for stale in set(fig_dir.glob("*.png")) - set(written.values()):

@@ -22,9 +22,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.curves import band_rows, iqm_bands
+from analysis.figures import MAX_COLS, arm_colors, outside_legend
 from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, figure, table
 from analysis.stats import BootstrapSpec
@@ -247,10 +247,10 @@ def compute_matched_figure(
     (wrapped past MAX_COLS lags); IQM across seeds with bands, on each lag's common grid."""
     if agg.empty:
         return None
-    colors = colors or figures.arm_colors(list(agg["arm"].dropna().unique()))
+    colors = colors or arm_colors(list(agg["arm"].dropna().unique()))
     axes_present = [a for a in AXES if (agg["axis"] == a).any()]
     lags = sorted(int(lag) for lag in agg["lag"].unique())
-    cols = min(len(lags), figures.MAX_COLS)
+    cols = min(len(lags), MAX_COLS)
     rows = len(axes_present) * math.ceil(len(lags) / cols)
     fig = Figure(figsize=(4.0 * cols, 2.9 * rows), layout="constrained")
     FigureCanvasAgg(fig)
@@ -265,7 +265,7 @@ def compute_matched_figure(
     for ax in np.ravel(grid):
         if ax not in used:
             ax.set_visible(False)
-    figures.outside_legend(fig, used)
+    outside_legend(fig, used)
     fig.suptitle(
         f"Compute-matched: IQM across seeds, {confidence:.0%} band; common budget range per lag"
     )

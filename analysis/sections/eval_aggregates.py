@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.eval_tables import eval_set_names
+from analysis.figures import interval_grid, lag_grid
 from analysis.render import Block
 from analysis.sections.base import Inputs, Page, Part, figure, table
 from analysis.sections.eval_sets import (
@@ -136,9 +136,7 @@ def aggregate_figure(
     ]
     title = f"Aggregates across eval sets, {confidence:.0%} bootstrap CI stratified by eval set"
     colors = colors_for(cells, colors)
-    return figures.interval_grid(
-        panels, colors, title, width=4.6, height=cell_height(cells), max_cols=4
-    )
+    return interval_grid(panels, colors, title, width=4.6, height=cell_height(cells), max_cols=4)
 
 
 def profile_figure(
@@ -164,7 +162,7 @@ def profile_figure(
         ax.grid(alpha=0.3)
 
     title = f"Performance profiles, {confidence:.0%} stratified-bootstrap bands"
-    return figures.lag_grid(lags, panel, title, width=4.0, height=3.0)
+    return lag_grid(lags, panel, title, width=4.0, height=3.0)
 
 
 def draw(

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.eval_tables import EVAL_SET, GREEDY, PASS1, STEP, eval_set_names, is_pass_at_k
+from analysis.figures import arm_colors, interval_grid
 from analysis.render import Block
 from analysis.sections.base import Inputs, Measure, Page, Part, cell_rows, figure, table
 from analysis.stats import BootstrapSpec
@@ -128,7 +128,7 @@ def cell_height(cells: pd.DataFrame) -> float:
 
 
 def colors_for(cells: pd.DataFrame, colors: dict[str, str] | None) -> dict[str, str]:
-    return colors or figures.arm_colors(list(cells["arm"].dropna().unique()))
+    return colors or arm_colors(list(cells["arm"].dropna().unique()))
 
 
 def eval_set_figure(
@@ -147,9 +147,7 @@ def eval_set_figure(
     ]
     title = f"Final score per eval set: IQM across seeds, {confidence:.0%} bootstrap CI"
     colors = colors_for(cells, colors)
-    return figures.interval_grid(
-        panels, colors, title, width=4.6, height=cell_height(cells), max_cols=3
-    )
+    return interval_grid(panels, colors, title, width=4.6, height=cell_height(cells), max_cols=3)
 
 
 def draw(

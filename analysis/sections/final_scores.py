@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.curves import aggregate_curves, curve_rows, trial_curves
+from analysis.figures import arm_colors, draw_curves, interval_grid, lag_grid
 from analysis.render import Block
 from analysis.sections.base import Inputs, Measure, Page, Part, cell_rows, figure, table
 from analysis.sections.eval_sets import eval_set_count
@@ -88,17 +88,17 @@ def learning_curves_figure(
     """Eval pass rate vs step: IQM over seeds, bootstrap band, thin seed lines; panel per lag."""
     if agg.empty:
         return None
-    colors = colors or figures.arm_colors(list(raw["arm"].unique()) + list(agg["arm"].unique()))
+    colors = colors or arm_colors(list(raw["arm"].unique()) + list(agg["arm"].unique()))
 
     def panel(ax: Axes, lag: int) -> None:
-        figures.draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
+        draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
         if threshold is not None:
             ax.axhline(threshold, color="grey", ls=":", lw=1)
         ax.set(title=f"lag {lag}", xlabel="learner step", ylabel="eval pass rate")
         ax.grid(alpha=0.3)
 
     title = f"Learning curves: IQM across seeds, band = {confidence:.0%} bootstrap CI; thin = seeds"
-    return figures.lag_grid(sorted(agg["lag"].unique()), panel, title)
+    return lag_grid(sorted(agg["lag"].unique()), panel, title)
 
 
 def intervals_figure(
@@ -108,7 +108,7 @@ def intervals_figure(
     cells = summary[summary["section"].isin(SCORE_SECTIONS) & summary["lag"].notna()]
     if cells.empty:
         return None
-    colors = colors or figures.arm_colors(list(cells["arm"].unique()))
+    colors = colors or arm_colors(list(cells["arm"].unique()))
     height = 0.3 * cells["arm"].nunique() * cells["lag"].nunique() + 1.2
     panels = [
         (
@@ -119,7 +119,7 @@ def intervals_figure(
         for aggregate in ("iqm", "mean")
     ]
     title = f"Scores across seeds with {confidence:.0%} bootstrap CIs"
-    return figures.interval_grid(panels, colors, title, width=5.0, height=height, max_cols=2)
+    return interval_grid(panels, colors, title, width=5.0, height=height, max_cols=2)
 
 
 def draw(

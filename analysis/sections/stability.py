@@ -21,9 +21,9 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis import figures
 from analysis.config import ReportConfig
 from analysis.curves import aggregate_curves, bin_steps, curve_rows, trial_curves
+from analysis.figures import arm_colors, draw_curves, lag_grid, outside_legend
 from analysis.render import Block
 from analysis.sections.base import Inputs, Measure, Page, Part, figure, measure_rows, table
 from analysis.stats import BootstrapSpec, wilson
@@ -188,17 +188,17 @@ def diagnostics_figure(
         return None
     lags = sorted({lag for agg, _ in curves.values() for lag in agg["lag"].unique()})
     arms = sorted({a for agg, _ in curves.values() for a in agg["arm"].unique()})
-    colors = colors or figures.arm_colors(arms)
+    colors = colors or arm_colors(arms)
     fig = Figure(figsize=(4.2 * len(lags), 3.0 * len(curves)), layout="constrained")
     FigureCanvasAgg(fig)
     grid = fig.subplots(len(curves), len(lags), squeeze=False)
     for i, (name, (agg, raw)) in enumerate(curves.items()):
         for j, lag in enumerate(lags):
             ax = grid[i][j]
-            figures.draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
+            draw_curves(ax, agg[agg["lag"] == lag], raw[raw["lag"] == lag], colors)
             ax.set(title=f"{name}, lag {lag}", xlabel="learner step", ylabel=name)
             ax.grid(alpha=0.3)
-    figures.outside_legend(fig, [ax for line in grid for ax in line])
+    outside_legend(fig, [ax for line in grid for ax in line])
     return fig
 
 
@@ -220,7 +220,7 @@ def survival_figure(
     timed = finished[np.isfinite(finished["time_to_threshold"].to_numpy(dtype=float))]
     if timed.empty:
         return None
-    colors = colors or figures.arm_colors(list(timed["arm"].unique()))
+    colors = colors or arm_colors(list(timed["arm"].unique()))
 
     def panel(ax: Axes, lag: int) -> None:
         _survival_panel(ax, timed[timed["lag"] == lag], colors)
@@ -229,7 +229,7 @@ def survival_figure(
         )
 
     title = f"Time to pass rate >= {threshold:g} (Kaplan-Meier, censored trials included)"
-    return figures.lag_grid(sorted(timed["lag"].unique()), panel, title, height=2.8)
+    return lag_grid(sorted(timed["lag"].unique()), panel, title, height=2.8)
 
 
 def draw(

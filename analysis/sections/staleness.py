@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis import figures
 from analysis.config import ReportConfig
+from analysis.figures import arm_colors, grid, outside_legend
 from analysis.render import Block
 from analysis.sections.base import Inputs, Measure, Page, Part, figure, measure_rows, table
 from analysis.sections.claims import adjusted_p_values
@@ -261,8 +261,8 @@ def staleness_figure(
     final = final[final["lag"].notna()]
     if pd.concat([stale["lag"], final["lag"]]).dropna().nunique() < 2:
         return None
-    colors = colors or figures.arm_colors(list(summary["arm"].dropna().unique()))
-    fig, axes = figures.grid(6, width=5.0, height=3.6, max_cols=2)
+    colors = colors or arm_colors(list(summary["arm"].dropna().unique()))
+    fig, axes = grid(6, width=5.0, height=3.6, max_cols=2)
     _by_lag(axes[0], final, colors)
     axes[0].set(title="final score (IQM)", xlabel="lag", ylabel="pass rate")
     _by_lag(axes[1], stale[stale["statistic"] == "steps_per_s"], colors)
@@ -282,7 +282,7 @@ def staleness_figure(
     axes[5].set(title="stale behaviour policy vs learner (k3 KL)", xlabel="lag", ylabel="KL (mean)")
     for a in axes:
         a.grid(alpha=0.3)
-    figures.outside_legend(fig, axes)
+    outside_legend(fig, axes)
     return fig
 
 
