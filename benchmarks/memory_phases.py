@@ -36,11 +36,12 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from learner.runtime import moe, step
+from learner.runtime import step
+from learner.runtime.moe.routing import StepRouting
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = {"score": (step, "_score"), "train": (step, "_train")}
-PHASES["moe_metrics"] = (moe.StepRouting, "metrics")
+PHASES["moe_metrics"] = (StepRouting, "metrics")
 OPTIMIZER = "optimizer"
 """Every optimizer's `step` (inside `train`), seen through torch.optim's global step hooks (an
 LR scheduler wraps the instance's `step`, so patching the class would miss it)."""

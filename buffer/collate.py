@@ -14,10 +14,10 @@ response token.
 
 Rollout routing (schema v2, for `routing_replay: rollout`): `routed_experts[:, b, p]` holds the
 top-k experts the generator's MoE layers routed input token p of row b to, in the layout of
-`learner.runtime.moe.Routing.indices`. The generator ran a forward on every position but the last
-real token (never fed back) and the padding; those positions hold experts 0..k-1, a valid set that
-changes no scored logprob: a causal forward's output at p never depends on later positions, and
-the last real token's own output predicts nothing that is scored.
+`learner.runtime.moe.hooks.RoutingRecord.indices`. The generator ran a forward on every position
+but the last real token (never fed back) and the padding; those positions hold experts 0..k-1, a
+valid set that changes no scored logprob: a causal forward's output at p never depends on later
+positions, and the last real token's own output predicts nothing that is scored.
 """
 
 from __future__ import annotations

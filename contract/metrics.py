@@ -163,7 +163,7 @@ MOE_ROUTER_ENTROPY: Final = "moe/router_entropy"
 MOE_ROUTING_CHANGE_FRAC: Final = "moe/routing_change_frac"
 # The largest layer's routing change (the per-layer shares' spread next to their mean above), and
 # the share of scored tokens whose experts changed in at least one layer (an update's re-routing
-# of whole tokens, what moves a token's ratio; `learner.runtime.moe_metrics.rerouted_counts`).
+# of whole tokens, what moves a token's ratio; `learner.runtime.moe.metrics.rerouted_counts`).
 MOE_ROUTING_CHANGE_MAX: Final = "moe/routing_change_frac_max"
 MOE_TOKEN_REROUTED_FRAC: Final = "moe/token_rerouted_frac"
 # R3 (routing_replay: rollout): share of scored positions where the learner's own router, at the
@@ -173,7 +173,7 @@ MOE_ROLLOUT_ROUTING_MISMATCH: Final = "moe/rollout_routing_mismatch"
 # ... and the share of scored tokens the generator routed elsewhere in at least one layer.
 MOE_ROLLOUT_TOKEN_REROUTED_FRAC: Final = "moe/rollout_token_rerouted_frac"
 # How much of the token log-ratio's spread routing explains, after the step's updates, over the
-# step's response tokens (`learner.runtime.moe_logratio`, which defines them exactly): a_t =
+# step's response tokens (`learner.runtime.moe.logratio`, which defines them exactly): a_t =
 # log pi_theta(y_t) - log pi_old(y_t) with the routers free, b_t the same with pi_old's experts
 # replayed. logratio_var = Var_t(a_t); routing_logratio_var = Var_t(a_t - b_t), the part of the
 # log-ratio only routing moves; routing_logratio_var_frac = their ratio clipped to [0, 1] (0 when

@@ -3,7 +3,7 @@
 The sampled distribution itself (temperature, top-k, top-p) is defined once in
 `learner.algorithms.sampling_dist`: the torch backend samples from it, vLLM's `processed_logprobs`
 are of it, and the learner scores under it. This module recomputes behaviour log-probs with the
-learner's own scoring pass (`learner.runtime.forward.policy_logprobs`), so a passing check means
+learner's own scoring pass (`learner.scoring.policy_logprobs`), so a passing check means
 identical weights give ratio 1 in training, not merely that two samplers agree.
 """
 
@@ -16,7 +16,7 @@ from torch import nn
 
 from harness.generators.base import GenRequest, GenResult
 from learner.algorithms.sampling_dist import SamplingSettings
-from learner.runtime.forward import policy_logprobs, scoring
+from learner.scoring import policy_logprobs, scoring
 
 
 def recompute_logprobs(

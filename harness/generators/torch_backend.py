@@ -7,7 +7,7 @@ on what else is in the batch. On CPU in float32 two runs with the same seeds giv
 tokens and logprobs.
 
 On an MoE model `generate` also records the experts every MoE layer routed each position to (the
-router hooks of `learner.runtime.moe.capture_routing`, around every forward: the prefill and each
+router hooks of `learner.scoring.capture_routing`, around every forward: the prefill and each
 decode step), cut per row to [P + R - 1, layers, top_k] (`GenResult.routed_experts`): what the
 learner replays under `routing_replay: rollout` (R3, Ma et al. 2025, arXiv:2510.11370).
 """
@@ -37,7 +37,7 @@ from harness.generators.base import (
     set_torch_threads,
 )
 from learner.algorithms.sampling_dist import processed_logprobs
-from learner.runtime.moe_hooks import capture_routing, router_modules
+from learner.scoring import capture_routing, router_modules
 
 # Rows (samples) decoded together; bounds the KV cache of one batch.
 DEFAULT_MAX_BATCH_ROWS = 256

@@ -98,10 +98,10 @@ def update_activations(
 
 ROUTER_HOOK_COPY_BYTES = 3 * F32
 """float32 bytes per token and expert that the routing capture's hook makes while it reduces a
-router's logits to the token's entropy (`learner.runtime.moe.router_entropy`): the log-softmax,
-its `exp` and their product at once (a bf16 router's float32 cast is freed before the `exp`).
-The hook runs once the router has returned, so they stand in for the router's own float32
-softmax, which is freed by then."""
+router's logits to the token's entropy (`learner.runtime.moe.hooks.router_entropy`): the
+log-softmax, its `exp` and their product at once (a bf16 router's float32 cast is freed before
+the `exp`). The hook runs once the router has returned, so they stand in for the router's own
+float32 softmax, which is freed by then."""
 
 
 def scoring_block_bytes(shape: ModelShape, b: int, sparse: bool, *, captured: bool = False) -> int:

@@ -7,13 +7,13 @@ A step has two peaks (`learner.runtime.step.train_on_batch`), and the estimate i
   (`step._score`'s `every_row` parts; the whole batch in one forward when it is unset), their
   logits bounded by `learner.logprob_chunk_tokens`: pi_old, the reference and the critic's old
   values. A Qwen MoE policy (`routing.ROUTED_MODEL_TYPES`) captures its routing around each of
-  pi_old's parts (`learner.runtime.moe.StepRouting.capture_old`) and, after the updates, runs the
-  forwards of the `moe/*` metrics in the same parts (`StepRouting._log_ratios`): each part
+  pi_old's parts (`learner.runtime.moe.routing.StepRouting.capture_old`) and, after the updates,
+  runs the forwards of the `moe/*` metrics in the same parts (`StepRouting._log_ratios`): each part
   scored with its routing captured, then on pi_old's experts, their logits bounded by
-  `learner.logprob_chunk_tokens` as pi_old's are (`learner.runtime.moe_logratio`: routing's
+  `learner.logprob_chunk_tokens` as pi_old's are (`learner.runtime.moe.logratio`: routing's
   share of the log-ratio's variance). pi_old's record of the batch (`routing.routing_record`:
   each token's experts and router entropy, every sparse layer; never the router logits, which the
-  capture's hook reduces at once) is kept in host memory (`learner.runtime.moe_record`), and
+  capture's hook reduces at once) is kept in host memory (`learner.runtime.moe.record`), and
   the metrics compare each part with its slice of it (`moe.RoutingTally`). So a routing pass
   holds one micro-batch's activations and routing on the device, as a dense pass holds its
   activations. The scoring column is the largest of these passes (`scoring_passes`).
@@ -220,7 +220,7 @@ def scoring_passes(
 
 
 def _routing_moments(shape: ModelShape, setup: LearnerSetup) -> tuple[float, float, float]:
-    """Device routing bytes of one part's capture (`moe_record.PartCaptures`,
+    """Device routing bytes of one part's capture (`moe.record.PartCaptures`,
     `StepRouting._own_experts`): (during its forward, when it is stacked, when the metrics
     compare it). During a forward the recorder holds the part's layers so far (at most all of
     them); once the forward returns, `RoutingRecorder.routing` stacks them into a second copy

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ from learner.runtime.intake import model_limits
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.published import PublishedWeights
 from learner.runtime.records import LoggedRollouts, StepRecords, rollouts_to_log
-from learner.runtime.resume import Commits, start_or_resume
+from learner.runtime.resume import Commits, Start, start_or_resume
 from learner.runtime.step import (
     DivergenceError,
     StepModels,
@@ -82,13 +83,7 @@ def run_learner(
     start = start_or_resume(task, models, ports, resume=resume, dist=dist)
     state, published, records, commits = start.state, start.published, start.records, start.commits
     config = models.policy.module.config
-    taker = BatchTaker(
-        ports.buffer,
-        task,
-        model_limits(config),
-        trained=state.trained_group_ids,
-        timeline=start.timeline,
-    )
+    taker = _batch_taker(task, ports, config, start)
     rewind_metrics = start.rewind.metrics() if start.rewind is not None else {}
     metrics: dict[str, float] = {}
     if task.mode == "fixed" and state.refused_slots:  # the checkpoint recorded one: fail at once
@@ -98,6 +93,7 @@ def run_learner(
     # Off the critical path, on two writers: weights (publish, then the eval request) and the
     # step records (which wait for the step's evals, run by a generator, when they are due).
     with StepWriter() as step_io, StepWriter("learner-records") as records_io:
+        writers = (step_io, records_io)
         while state.step < total_steps:
             step, t_wait = state.step, time.perf_counter()
             if task.lag == 0 and dist.is_main:
@@ -107,13 +103,9 @@ def run_learner(
                 step_io.drain()
             try:  # take
                 taken = taker.take(step) if dist.is_main else NOTHING
-            except SlotRefusedError as exc:
-                # Nothing can fill that slot: a checkpoint of this step records why, so a resume
-                # fails at once too (unless a collective save the other ranks cannot join).
+            except SlotRefusedError as exc:  # nothing can fill that slot: checkpoint why
                 collective = published.sharded and dist.world_size > 1
-                _checkpoint_refusal(
-                    exc, state, (step_io, records_io), commits, collective=collective
-                )
+                _checkpoint_refusal(exc, state, writers, commits, collective=collective)
                 if dist.world_size > 1:
                     raise  # the other ranks wait in the batch broadcast: end them all
                 return _refused(state, metrics)
@@ -134,9 +126,8 @@ def run_learner(
                     commits.save_shards(state)
                 continue  # rank 0 alone publishes, asks for evals, commits and logs
             eval_due = state.step % cfg.eval_every == 0 or state.step == total_steps
-            eval_request: Future[str] | None = Future() if eval_due else None
-            step_io.submit(
-                partial(_publish, published, ports.evals, state.step, snapshot, eval_request)
+            eval_request = _submit_publish(
+                step_io, published, ports.evals, snapshot, state, eval_due=eval_due
             )
             t_published = time.perf_counter()
             # Settled at the checkpoint: every group read, trained or filtered (dynamic
@@ -148,32 +139,13 @@ def run_learner(
             metrics |= ports.telemetry.buffer_metrics() | ports.telemetry.generator_metrics()
             metrics |= perf_metrics(t_wait, t_train, t_publish, t_published, checkpoint_s)
             metrics |= rewind_metrics  # the first step after a rewinding resume
+            metrics |= _withdrawn(taken)
             rewind_metrics = {}
-            if taken.withdrawn:
-                metrics[M.REWIND_WITHDRAWN_GROUPS] = float(len(taken.withdrawn))
-            rows = ledger_rows(taken, step)
-            trained = [d.group for d in taken.trained]
-            logged = rollouts_to_log(cfg.rollout_log, state.step, total_steps, trained, task.decode)
+            record = _step_record(task, taken, step, metrics)
             records_io.submit(
-                partial(
-                    _record_step,
-                    records,
-                    ports.evals,
-                    (state.step, time.time(), dict(metrics), rows),
-                    eval_request,
-                    latest_eval,
-                    rollouts=logged,
-                )
+                partial(_record_step, records, ports.evals, record, eval_request, latest_eval)
             )
-            checkpoint_s = None
-            if checkpoint_due:  # commit
-                t_checkpoint = time.perf_counter()
-                # A checkpoint claims steps <= this one: their weights, metric rows, evals and
-                # ledger must be on disk first (a resume truncates only what is newer).
-                step_io.drain()
-                records_io.drain()
-                commits.commit(state)
-                checkpoint_s = time.perf_counter() - t_checkpoint
+            checkpoint_s = _commit(writers, commits, state) if checkpoint_due else None
             if on_step is not None:
                 on_step(state.step, metrics)
         records_io.drain()  # the last step is a checkpoint's: already drained, evals included
@@ -188,6 +160,20 @@ def configure_determinism(seed: int, threads: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % (2**32))  # noqa: NPY002 - seed the global RNG libraries draw from
     random.seed(seed)
+
+
+def _batch_taker(
+    task: LearnerTask, ports: LearnerPorts, config: object, start: Start
+) -> BatchTaker:
+    """Rank 0's reader of the buffer, checking each group against the model's limits and
+    skipping the groups the resumed checkpoint already trained."""
+    return BatchTaker(
+        ports.buffer,
+        task,
+        model_limits(config),
+        trained=start.state.trained_group_ids,
+        timeline=start.timeline,
+    )
 
 
 def _train(
@@ -236,19 +222,61 @@ def _publish(
         raise
 
 
+def _submit_publish(
+    step_io: StepWriter,
+    published: PublishedWeights,
+    evals: EvalPort,
+    snapshot: dict[str, torch.Tensor],
+    state: TrainingState,
+    *,
+    eval_due: bool,
+) -> Future[str] | None:
+    """Hand version `state.step` to the weights writer (`_publish`); when its evals are due,
+    the future that gets their request's id, for the step's record to wait on."""
+    eval_request: Future[str] | None = Future() if eval_due else None
+    step_io.submit(partial(_publish, published, evals, state.step, snapshot, eval_request))
+    return eval_request
+
+
+class _StepRecord(NamedTuple):
+    """What one step leaves on disk (`StepRecords.append`), taken on the training thread: the
+    policy version it made, when, its metric row (a copy), its ledger rows and, when the step
+    is logged, its rollouts (decoded by the records writer)."""
+
+    step: int
+    timestamp: float
+    metrics: dict[str, float]
+    ledger: list[dict[str, object]]
+    rollouts: LoggedRollouts | None
+
+
+def _step_record(
+    task: LearnerTask, taken: Taken, step: int, metrics: dict[str, float]
+) -> _StepRecord:
+    """The record of step `step` (0-based), which made version `step + 1`."""
+    ledger = ledger_rows(taken, step)
+    trained = [d.group for d in taken.trained]
+    version, total_steps = step + 1, task.total_steps
+    logged = rollouts_to_log(task.learner.rollout_log, version, total_steps, trained, task.decode)
+    return _StepRecord(version, time.time(), dict(metrics), ledger, logged)
+
+
+def _withdrawn(taken: Taken) -> dict[str, float]:
+    """`rewind/withdrawn_groups` when the take dropped groups a rewind withdrew, else nothing."""
+    return {M.REWIND_WITHDRAWN_GROUPS: float(len(taken.withdrawn))} if taken.withdrawn else {}
+
+
 def _record_step(
     records: StepRecords,
     evals: EvalPort,
-    row: tuple[int, float, dict[str, float], list[dict[str, object]] | None],
+    record: _StepRecord,
     eval_request: Future[str] | None,
     latest_eval: dict[str, float],
-    *,
-    rollouts: LoggedRollouts | None = None,
 ) -> None:
-    """Write step `row`'s metric row (with eval/pass_rate and perf/eval_s when its evals were
+    """Write the step's metric row (with eval/pass_rate and perf/eval_s when its evals were
     due: waited for here, off the training thread), its eval rows, its ledger and, when the
     step is logged, its rollouts (decoded here, off the training thread too)."""
-    step, timestamp, metrics, ledger = row
+    step, timestamp, metrics, ledger, rollouts = record
     if eval_request is not None:
         report, seconds = evals.wait(eval_request.result())
         scores = {M.EVAL_PASS_RATE: records.eval_pass_rate(step, report), M.PERF_EVAL_S: seconds}
@@ -256,6 +284,17 @@ def _record_step(
         latest_eval.update(scores)
         metrics = metrics | scores
     records.append(step, timestamp, metrics, ledger, rollouts)
+
+
+def _commit(writers: tuple[StepWriter, ...], commits: Commits, state: TrainingState) -> float:
+    """Checkpoint `state`, returning the seconds it took (`perf/checkpoint_s`, logged on the next
+    step). A checkpoint claims steps <= this one: their weights, metric rows, evals and ledger
+    must be on disk first (a resume truncates only what is newer), so the writers drain first."""
+    t_checkpoint = time.perf_counter()
+    for writer in writers:
+        writer.drain()
+    commits.commit(state)
+    return time.perf_counter() - t_checkpoint
 
 
 def _checkpoint_refusal(
@@ -267,7 +306,9 @@ def _checkpoint_refusal(
     collective: bool,
 ) -> None:
     """Record `refusal` in the state and, unless the save would be `collective`, checkpoint it
-    (after the pending writes) with the groups consumed so far."""
+    (after the pending writes) with the groups consumed so far: nothing can fill that slot, so
+    a resume of this checkpoint fails at once too (unless it was a collective save the other
+    ranks cannot join)."""
     state.refused_slots = {**state.refused_slots, refusal.group_id: str(refusal)}
     for writer in writers:
         writer.drain()

@@ -13,7 +13,7 @@ that the mean over ranks (`all_reduce_stats`) is the minibatch's loss.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -35,15 +35,20 @@ from learner.algorithms.sampling_dist import SamplingSettings
 from learner.config import LearnerConfig
 from learner.runtime.distributed import DistContext, unwrap
 from learner.runtime.forward import policy_logprobs
-from learner.runtime.moe import StepRouting
+from learner.runtime.moe.base import Routing
 from learner.runtime.update import Kept, MicroBatch, Optimised, accumulate, assemble, take
 
 
 @dataclass
 class StepModels:
+    """What a step trains and scores with: the policy, PPO's critic, the KL reference, and the
+    policy's `routing` (`learner.runtime.moe`: MoE capture and replay, or the dense no-op),
+    chosen once with the policy (`learner.runtime.models.build_step_models`)."""
+
     policy: Optimised
     value: Optimised | None = None
     reference: nn.Module | None = None
+    routing: Routing = field(kw_only=True)
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,6 @@ class MinibatchUpdates:
     max_len: int  # the generation cap: Dr. GRPO's constant divisor
     learner: LearnerConfig
     sampling: SamplingSettings
-    routing: StepRouting
     dist: DistContext
 
     def _logprobs(self, module: nn.Module, part: MicroBatch) -> Tensor:
@@ -88,7 +92,7 @@ class MinibatchUpdates:
 
     def _replaying(self, part: MicroBatch) -> AbstractContextManager[None]:
         """MoE routing replay (old | rollout) of the part's rows; a no-op otherwise."""
-        return self.routing.replay(part.rows, part.width)
+        return self.models.routing.replay(part.rows, part.width)
 
     def policy(
         self, share: Tensor, parts: list[MicroBatch], totals: LossTotals

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from learner.config import ArmBase, LearnerConfig
 from learner.runtime.distributed import DistContext
 from learner.runtime.dropout import disable_dropout
+from learner.runtime.moe.setup import setup_routing
 from learner.runtime.schedule import lr_multiplier
 from learner.runtime.sharding import enable_activation_checkpointing, is_sharded, shard
 from learner.runtime.step import Optimised, StepModels
@@ -49,7 +50,8 @@ def _optimised(module: nn.Module, lr: float, cfg: LearnerConfig, total_updates: 
 def build_step_models(
     model_dir: Path, arm: ArmBase, cfg: LearnerConfig, total_steps: int
 ) -> StepModels:
-    """Every arm starts from the same weights file; PPO adds a critic, beta > 0 a reference.
+    """Every arm starts from the same weights file; PPO adds a critic, beta > 0 a reference,
+    and the policy's routing is chosen here, once (`setup_routing`: MoE or the dense no-op).
 
     `learner.activation_checkpointing` recomputes each block's activations in backward (policy
     and critic); `learner.parallel=fsdp` shards policy, critic and reference with FSDP2
@@ -72,7 +74,9 @@ def build_step_models(
             if module is not None:
                 shard(module, cfg)
     value = _optimised(critic, cfg.value_lr, cfg, total_updates) if critic is not None else None
-    return StepModels(_optimised(policy, cfg.lr, cfg, total_updates), value, reference)
+    routing = setup_routing(policy, arm.routing_replay)  # hooks the policy itself, never a wrapper
+    policy_opt = _optimised(policy, cfg.lr, cfg, total_updates)
+    return StepModels(policy_opt, value, reference, routing=routing)
 
 
 def checkpoint_modules(models: StepModels) -> dict[str, object]:
@@ -105,4 +109,4 @@ def wrap_ddp(models: StepModels, dist: DistContext) -> StepModels:
         return Optimised(wrapped, opt.optimizer, opt.scheduler)
 
     value = ddp(models.value) if models.value is not None else None
-    return StepModels(ddp(models.policy), value, models.reference)
+    return StepModels(ddp(models.policy), value, models.reference, routing=models.routing)

@@ -38,7 +38,7 @@ from learner.config import ArmBase, GroupArm, LearnerConfig, group_split_problem
 from learner.runtime.distributed import SINGLE, DistContext, all_reduce_stats, unwrap
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.minibatch import MinibatchUpdates, RowTensors, StepModels
-from learner.runtime.moe import PartContext, StepRouting, no_part_context
+from learner.runtime.moe.base import PartContext, no_part_context
 from learner.runtime.update import (
     DivergenceError,
     MicroBatch,
@@ -180,17 +180,14 @@ class _Scores:
 
 
 def _score(
-    models: StepModels,
-    batch: RolloutBatch,
-    routing: StepRouting,
-    learner: LearnerConfig,
-    sampling: SamplingSettings,
+    models: StepModels, batch: RolloutBatch, learner: LearnerConfig, sampling: SamplingSettings
 ) -> _Scores:
     """The passes without a gradient run in micro-batches of the same budget (every rank the
-    same ones). An MoE policy's pi_old pass too: `routing.capture_old` captures (or, under
-    `routing_replay: rollout`, replays) each part's routing around its forward and puts the
-    parts back in the batch's rows, and the `moe/*` routing pass after the updates reuses these
-    parts (`StepRouting.metrics`), so neither holds more than one micro-batch's activations."""
+    same ones). An MoE policy's pi_old pass too: `models.routing.capture_old` starts the step's
+    routing, captures (or, under `routing_replay: rollout`, replays) each part's routing around
+    its forward and puts the parts back in the batch's rows, and the `moe/*` routing pass after
+    the updates reuses these parts (`Routing.metrics`), so neither holds more than one
+    micro-batch's activations."""
     policy, chunk = unwrap(models.policy.module), learner.logprob_chunk_tokens
     critic = unwrap(models.value.module) if models.value else None
     ids, attn = batch.input_ids, batch.attention_mask
@@ -198,7 +195,8 @@ def _score(
     rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
     every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
-        with routing.capture_old(every_row) as around:
+        routed = batch.routed_experts  # the generator's experts (R3), or None
+        with models.routing.capture_old(ids, attn, routed, every_row) as around:
             learner_lp, entropy = _no_grad_pass(  # (B, T) each
                 lambda i, a: policy_logprobs(policy, i, a, sampling, chunk),
                 ids,
@@ -280,9 +278,8 @@ def train_on_batch(
     policy = unwrap(models.policy.module)  # no-grad passes and MoE hooks skip the DDP wrapper
     batch = batch.to(_device_of(policy))  # collated (and broadcast) on the CPU
     ids, attn, mask = batch.input_ids, batch.attention_mask, batch.response_mask
-    # MoE routing (learner/moe.py; no-op for dense): capture pi_old's experts, replay, measure.
-    routing = StepRouting(policy, arm.routing_replay, ids, attn, batch.routed_experts)
-    scores = _score(models, batch, routing, learner, sampling)
+    # MoE routing (`models.routing`, a no-op for dense): capture pi_old's experts, replay, measure.
+    scores = _score(models, batch, learner, sampling)
     # The arm's off-policy correction (learner.algorithms.corrections): pi_old and the weights.
     correction = arm.correction_for(learner)
     is_weights, offpolicy = correction_weights(
@@ -294,9 +291,7 @@ def train_on_batch(
         ids, attn, mask, old_lp, advantages, is_weights, scores.ref_lp, scores.old_values, returns
     )
     objective = POLICY_LOSSES[arm.objective]
-    updates = MinibatchUpdates(
-        models, rows, objective, arm, max_len, learner, sampling, routing, dist
-    )
+    updates = MinibatchUpdates(models, rows, objective, arm, max_len, learner, sampling, dist)
     n_groups = batch.rewards.shape[0] // group_size
     acc, grad_norms = _train(updates, n_groups, group_size, attn.sum(-1).cpu())
     metrics = all_reduce_stats({k: M.combine(k, v) for k, v in acc.items()}, dist)
@@ -308,7 +303,8 @@ def train_on_batch(
     metrics[M.OPTIM_GRAD_NORM] = M.combine(M.OPTIM_GRAD_NORM, grad_norms)
     metrics[M.OPTIM_LR] = models.policy.scheduler.get_last_lr()[0]
     with scoring(policy):  # moe/* after the updates (MoE only): eval mode, no RNG drawn
-        metrics |= routing.metrics(mask, _logprobs_of(policy, learner, sampling), scores.learner_lp)
+        logprobs = _logprobs_of(policy, learner, sampling)
+        metrics |= models.routing.metrics(mask, logprobs, scores.learner_lp)
     return StepResult(metrics, grad_norms)
 
 

@@ -171,6 +171,22 @@ def test_learner_math_imports_neither_config_nor_runtime() -> None:
     assert {name for name in vocabulary if name.split(".")[0] in PACKAGES} == set()
 
 
+def test_generators_reach_the_learner_through_its_public_surface() -> None:
+    """`harness.generators` score tokens and record MoE routing with the learner's own code, and
+    reach it through `learner.scoring` alone: no `learner.runtime` module (internals that may
+    move, as the MoE modules did into `learner.runtime.moe`) is imported by a generator."""
+    reached: set[str] = set()
+    offenders = {}
+    for path in sorted((REPO / "harness" / "generators").rglob("*.py")):
+        names = _imports_of(path)
+        reached |= names
+        bad = {name for name in names if name.startswith("learner.runtime")}
+        if bad:
+            offenders[str(path.relative_to(REPO))] = bad
+    assert "learner.scoring" in reached  # the scan sees the generators' learner imports
+    assert offenders == {}
+
+
 # harness's rooms, top to bottom. A module imports its own room and rooms of later layers only,
 # never a room of its own layer or above: the experiment plans trials and the executors start
 # them, both over `launch` (what a trial is to a launcher, the subprocess pool, child

@@ -132,7 +132,7 @@ def test_builtin_shape_is_the_model_the_factory_builds():
 
 
 def test_routed_model_types_are_the_learners_routers():
-    from learner.runtime.moe import ROUTER_TYPES
+    from learner.runtime.moe.hooks import ROUTER_TYPES
 
     modules = {cls.__module__.rsplit(".", 1)[-1].removeprefix("modeling_") for cls in ROUTER_TYPES}
     assert modules == ROUTED_MODEL_TYPES
@@ -405,7 +405,7 @@ def test_moe_routing_pass_peaks_where_a_parts_routing_outweighs_its_forward(tmp_
 
 def test_planner_constants_are_the_learners():
     from learner.runtime.forward import ENTROPY_ROWS as LEARNER_ENTROPY_ROWS
-    from learner.runtime.moe import index_dtype
+    from learner.runtime.moe.hooks import index_dtype
 
     assert ENTROPY_ROWS == LEARNER_ENTROPY_ROWS
     for experts in (4, 128, 256, 257, 32_768, 32_769):

@@ -18,24 +18,27 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBl
 from buffer.collate import RolloutBatch, collate
 from contract import metrics as M
 from learner.config import LearnerConfig, make_arm
-from learner.runtime.forward import policy_logprobs
+from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
-from learner.runtime.moe import (
-    LOGRATIO_METRICS,
-    MOE_METRICS,
-    Routing,
-    StepRouting,
+from learner.runtime.moe.base import NO_ROUTING
+from learner.runtime.moe.hooks import (
+    RoutingRecord,
     capture_routing,
     is_moe,
-    load_imbalance_per_layer,
-    predicting_positions,
     replay_routing,
     replayed_scores,
+)
+from learner.runtime.moe.logratio import LOGRATIO_METRICS
+from learner.runtime.moe.metrics import (
+    load_imbalance_per_layer,
+    predicting_positions,
+    rerouted_counts,
     router_entropy_per_layer,
     routing_change_per_layer,
-    routing_metrics,
 )
-from learner.runtime.moe_metrics import rerouted_counts
+from learner.runtime.moe.routing import MoeRouting, StepRouting
+from learner.runtime.moe.setup import setup_routing
+from learner.runtime.moe.tally import MOE_METRICS, routing_metrics
 from learner.runtime.step import train_on_batch
 from learner.runtime.update import MicroBatch, micro_batches
 from tests.learner.test_step import GROUP_SIZE
@@ -82,7 +85,7 @@ def forward_logits(model: torch.nn.Module, batch: RolloutBatch) -> torch.Tensor:
         return model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
 
 
-def capture(model: torch.nn.Module, batch: RolloutBatch) -> tuple[Routing, torch.Tensor]:
+def capture(model: torch.nn.Module, batch: RolloutBatch) -> tuple[RoutingRecord, torch.Tensor]:
     with capture_routing(model) as recorder:
         logits = forward_logits(model, batch)
     return recorder.routing(*batch.input_ids.shape), logits
@@ -128,14 +131,14 @@ def test_replay_really_routes_through_the_given_experts() -> None:
     forced = torch.zeros_like(routing.indices)
     forced[..., 1] = 1
     with (
-        replay_routing(model, Routing(forced, routing.entropy, EXPERTS)),
+        replay_routing(model, RoutingRecord(forced, routing.entropy, EXPERTS)),
         capture_routing(model) as seen,
     ):
         replayed_logits = forward_logits(model, batch)
     assert torch.equal(seen.routing(*batch.input_ids.shape).indices, forced)
     assert not torch.equal(replayed_logits, logits)
     two_rows = routing.rows(torch.tensor([0, 1]))
-    with pytest.raises(ValueError, match=r"Routing\.rows"), replay_routing(model, two_rows):
+    with pytest.raises(ValueError, match=r"RoutingRecord\.rows"), replay_routing(model, two_rows):
         forward_logits(model, batch)
 
 
@@ -185,8 +188,8 @@ def test_tokens_rerouted_in_any_layer_hand_worked() -> None:
     per_layer, anywhere = rerouted_counts(old, new, mask)
     assert per_layer.tolist() == [1, 2, 0] and int(anywhere) == 2
     metrics = routing_metrics(
-        Routing(old, torch.zeros(3, 1, 4), num_experts=8),
-        Routing(new, torch.zeros(3, 1, 4), 8),
+        RoutingRecord(old, torch.zeros(3, 1, 4), num_experts=8),
+        RoutingRecord(new, torch.zeros(3, 1, 4), 8),
         mask,
     )
     assert metrics[M.MOE_ROUTING_CHANGE_FRAC] == pytest.approx(1 / 3)  # mean of 1/3, 2/3, 0
@@ -198,8 +201,8 @@ def test_tokens_rerouted_in_any_layer_hand_worked() -> None:
     assert M.moe_routing_change_layer(1) == "moe/routing_change_frac/layer_01"
     # Against the generator's experts: the same counts under their own names.
     rollout = routing_metrics(
-        Routing(old, torch.zeros(3, 1, 4), 8),
-        Routing(old, torch.zeros(3, 1, 4), 8),
+        RoutingRecord(old, torch.zeros(3, 1, 4), 8),
+        RoutingRecord(old, torch.zeros(3, 1, 4), 8),
         mask,
         rollout=new,
     )
@@ -320,6 +323,59 @@ def test_dense_policy_has_no_moe_metrics_and_refuses_replay() -> None:
     assert not is_moe(dense) and is_moe(tiny_moe())
     ids = torch.randint(3, VOCAB, (2, 5))
     attn = torch.ones_like(ids)
-    assert StepRouting(dense, "off", ids, attn).metrics(ids.float()) == {}
+    routing = setup_routing(dense, "off")
+    assert routing is NO_ROUTING
+    parts = micro_batches(torch.arange(2)[None, :], 0, attn.sum(-1), None)
+    with routing.capture_old(ids, attn, None, parts) as around, around(parts[0]):
+        dense(input_ids=ids, attention_mask=attn)
+    with routing.replay(torch.arange(2)):
+        dense(input_ids=ids, attention_mask=attn)
+    assert routing.metrics(ids.float()) == {}
     with pytest.raises(ValueError, match="routing_replay: old needs an MoE policy"):
-        StepRouting(dense, "old", ids, attn)
+        setup_routing(dense, "old")
+
+
+def test_routing_is_chosen_once_and_a_dense_step_runs_no_moe_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`build_step_models` picks the routing; a dense step then never asks the hooks whether
+    its policy is an MoE, nor builds any MoE step state."""
+    arm, cfg = ARMS["grpo"], LearnerConfig(prompts_per_step=2, old_logprobs="recompute")
+    tiny_moe().save_pretrained(tmp_path / "moe")
+    assert isinstance(build_step_models(tmp_path / "moe", arm, cfg, 1).routing, MoeRouting)
+    tiny_policy().save_pretrained(tmp_path / "dense")
+    models = build_step_models(tmp_path / "dense", arm, cfg, total_steps=1)
+    assert models.routing is NO_ROUTING
+
+    def refused(*_: object, **__: object) -> None:
+        raise AssertionError("a dense step reached the MoE code")
+
+    monkeypatch.setattr("learner.runtime.moe.hooks.router_modules", refused)
+    monkeypatch.setattr("learner.runtime.moe.routing.router_modules", refused)
+    monkeypatch.setattr(StepRouting, "__init__", refused)
+    batch = collate(random_groups(2, GROUP_SIZE, seed=2), pad_id=0)
+    result = train_on_batch(
+        models, batch, arm=arm, learner=cfg, group_size=GROUP_SIZE, max_len=8, version=0
+    )
+    assert not any(name.startswith("moe/") for name in result.metrics)
+
+
+def test_moe_routing_holds_a_step_from_capture_to_metrics() -> None:
+    """One `MoeRouting` serves every step: `capture_old` starts one, `metrics` ends it (and lets
+    its host record go), and replay outside a step is an error, not a silent no-op."""
+    model = tiny_moe()
+    batch = moe_batch(model)
+    ids, attn = batch.input_ids, batch.attention_mask
+    routing = setup_routing(model, "old")
+    assert isinstance(routing, MoeRouting)
+    with pytest.raises(RuntimeError, match="outside a step: call capture_old first"):
+        routing.replay(torch.arange(2))
+    parts = whole_batch(batch)
+    for _step in range(2):
+        old_pass = routing.capture_old(ids, attn, None, parts)
+        with scoring(model), old_pass as around, around(parts[0]):
+            model(input_ids=ids, attention_mask=attn)
+        assert routing.step is not None and routing.step.old is not None
+        with scoring(model):
+            assert routing.metrics(batch.response_mask)[M.MOE_ROUTING_CHANGE_FRAC] == 0.0
+        assert routing.step is None

@@ -1,4 +1,4 @@
-"""Routing's share of the token log-ratio's variance (`learner.runtime.moe_logratio`).
+"""Routing's share of the token log-ratio's variance (`learner.runtime.moe.logratio`).
 
 Hand-worked values of the pure functions, the split invariance of their sums, and, on the tiny
 Qwen3-MoE of test_moe.py: the metrics after a step, exactly 0 when no weight moved (and exactly
@@ -22,14 +22,15 @@ from learner.algorithms.sampling_dist import PLAIN
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
-from learner.runtime.moe import LOGRATIO_METRICS, StepRouting
-from learner.runtime.moe_logratio import (
+from learner.runtime.moe.logratio import (
+    LOGRATIO_METRICS,
     LogRatioTally,
     logratio_metrics,
     logratio_sums,
     routing_variance_share,
     variance_of_sums,
 )
+from learner.runtime.moe.routing import StepRouting
 from learner.runtime.step import _score, train_on_batch
 from tests.learner.test_moe import GROUP_SIZE, moe_batch_routed_by_another, tiny_moe
 
@@ -158,15 +159,14 @@ def metric_pass(moe_dir: Path, batch: RolloutBatch, budget: int | None) -> dict[
     cfg = LearnerConfig(prompts_per_step=4, old_logprobs="recompute", micro_batch_tokens=budget)
     models = build_step_models(moe_dir, arm, cfg, total_steps=1)
     policy = models.policy.module
-    routing = StepRouting(policy, "off", batch.input_ids, batch.attention_mask)
-    scores = _score(models, batch, routing, cfg, PLAIN)
+    scores = _score(models, batch, cfg, PLAIN)  # the step's routing starts: replay off
     gen = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for name, param in policy.named_parameters():
             if "gate" in name or "lm_head" in name:
                 param.add_(torch.randn(param.shape, generator=gen) * 0.3)
     with scoring(policy):
-        return routing.metrics(
+        return models.routing.metrics(
             batch.response_mask,
             lambda i, a: policy_logprobs(policy, i, a, PLAIN, None)[0],
             scores.learner_lp,

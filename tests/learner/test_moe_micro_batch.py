@@ -33,16 +33,14 @@ from contract import metrics as M
 from learner.algorithms.sampling_dist import PLAIN
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.models import build_step_models
-from learner.runtime.moe import (
-    StepRouting,
-    capture_routing,
+from learner.runtime.moe.hooks import capture_routing, router_entropy, router_modules
+from learner.runtime.moe.metrics import (
     masked_mean_per_layer,
     predicting_positions,
-    router_entropy,
     router_entropy_per_layer,
-    router_modules,
-    routing_metrics,
 )
+from learner.runtime.moe.routing import MoeRouting, StepRouting
+from learner.runtime.moe.tally import routing_metrics
 from learner.runtime.step import _score, train_on_batch
 from learner.runtime.update import micro_batches
 from tests.learner.float_bounds import TERM_SCALE, backward_chain, forward_chain, reorder_tol
@@ -121,17 +119,19 @@ def old_pass(
     arm = make_arm(name=arm_name, **ARMS[arm_name])
     cfg = LearnerConfig(prompts_per_step=4, old_logprobs="recompute", micro_batch_tokens=budget)
     models = build_step_models(moe_dir, arm, cfg, total_steps=1)
-    ids, attn = batch.input_ids, batch.attention_mask
-    routing = StepRouting(models.policy.module, arm.routing_replay, ids, attn, batch.routed_experts)
+    routing = models.routing
+    assert isinstance(routing, MoeRouting)
     tokens: list[int] = []
     router = router_modules(models.policy.module)[0]
     handle = router.register_forward_hook(lambda _m, _a, out: tokens.append(out[0].shape[0]))
     try:
-        scores = _score(models, batch, routing, cfg, PLAIN)
+        scores = _score(models, batch, cfg, PLAIN)
+        step = routing.step  # the step's routing, pi_old's record; `metrics` lets it go
+        assert step is not None
         metrics = routing.metrics(batch.response_mask)
     finally:
         handle.remove()
-    return routing, scores.learner_lp, scores.entropy, metrics, tokens
+    return step, scores.learner_lp, scores.entropy, metrics, tokens
 
 
 def token_tol(moe_dir: Path, batch: RolloutBatch, reduced: int = 0) -> float:

@@ -1,4 +1,4 @@
-"""pi_old's routing record (`learner.runtime.moe_record`) and the streamed `moe/*` metrics.
+"""pi_old's routing record (`learner.runtime.moe.record`) and the streamed `moe/*` metrics.
 
 - Experts are kept in the smallest integer dtype that holds the expert count (uint8 up to 256,
   int16 beyond: a tiny random MoE of 300 experts routes to experts above 255), and replaying
@@ -20,15 +20,15 @@ from buffer.collate import RolloutBatch
 from contract import metrics as M
 from learner.algorithms.masking import masked_mean
 from learner.runtime.forward import scoring
-from learner.runtime.moe import (
-    Routing,
-    StepRouting,
+from learner.runtime.moe.hooks import (
+    RoutingRecord,
     capture_routing,
     index_dtype,
-    predicting_positions,
     replay_routing,
     router_modules,
 )
+from learner.runtime.moe.metrics import predicting_positions
+from learner.runtime.moe.routing import StepRouting
 from learner.runtime.update import take
 from tests.learner.test_moe import moe_batch
 from tests.learner.test_moe_micro_batch import BUDGET, step_parts
@@ -40,7 +40,7 @@ MODELS = {"4_experts": MOE_POLICY, "300_experts": WIDE_MOE}
 
 
 def todays_routing_metrics(
-    old: Routing, new: Routing, mask: torch.Tensor, rollout: torch.Tensor | None = None
+    old: RoutingRecord, new: RoutingRecord, mask: torch.Tensor, rollout: torch.Tensor | None = None
 ) -> dict[str, float]:
     """`moe.routing_metrics` as it was: float32 masked means and host counts over the whole
     batch's records (int64 experts); the largest layer's change and the tokens changed in any

@@ -34,16 +34,11 @@ from learner.algorithms.sampling_dist import PLAIN
 from learner.config import LearnerConfig, make_arm
 from learner.runtime.forward import policy_logprobs, scoring
 from learner.runtime.models import build_step_models
-from learner.runtime.moe import (
-    LOGRATIO_METRICS,
-    MOE_METRICS,
-    ROLLOUT_METRICS,
-    StepRouting,
-    capture_routing,
-    predicting_positions,
-    replay_experts,
-    routing_change_per_layer,
-)
+from learner.runtime.moe.hooks import capture_routing, replay_experts
+from learner.runtime.moe.logratio import LOGRATIO_METRICS
+from learner.runtime.moe.metrics import predicting_positions, routing_change_per_layer
+from learner.runtime.moe.routing import StepRouting
+from learner.runtime.moe.tally import MOE_METRICS, ROLLOUT_METRICS
 from learner.runtime.step import train_on_batch
 from tests.harness.test_generators_torch import TOL, load_reference, requests_for
 from tests.learner.test_moe import whole_batch

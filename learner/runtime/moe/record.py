@@ -1,7 +1,7 @@
 """A step batch's routing record, assembled from micro-batch captures and kept in host memory.
 
-`learner.runtime.moe.StepRouting` keeps pi_old's routing of the whole step batch from the start
-of the step to the `moe/*` metrics after the updates: each token's experts (`index_dtype`, one
+`learner.runtime.moe.routing.StepRouting` keeps pi_old's routing of the whole step batch from the
+start of the step to the `moe/*` metrics after the updates: each token's experts (`index_dtype`, one
 byte a choice up to 256 experts) and router entropy (float32), every sparse layer. The record
 lives in host memory, pinned when the forwards run on a CUDA device (`host_copy`), so the
 device holds a capture only while a micro-batch's forward makes it; replay and the metrics move
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from learner.runtime.moe_hooks import Routing, capture_routing
+from learner.runtime.moe.hooks import RoutingRecord, capture_routing
 from learner.runtime.update import MicroBatch
 
 
@@ -36,7 +36,7 @@ def cut(record: Tensor, rows: Tensor, width: int | None) -> Tensor:
     return record[:, rows.to(record.device), :width]
 
 
-def blank_routing(like: Routing, batch: int, length: int) -> Routing:
+def blank_routing(like: RoutingRecord, batch: int, length: int) -> RoutingRecord:
     """A `batch` x `length` routing with `like`'s layers, top-k, experts and index dtype, in
     host memory (pinned when `like` is on a CUDA device), before any micro-batch is placed in
     it (`place`).
@@ -52,10 +52,10 @@ def blank_routing(like: Routing, batch: int, length: int) -> Routing:
     experts = torch.arange(top_k, dtype=like.indices.dtype).expand(layers, batch, length, top_k)
     indices = torch.empty(experts.shape, dtype=experts.dtype, pin_memory=pinned)
     entropy = torch.zeros(layers, batch, length, dtype=like.entropy.dtype, pin_memory=pinned)
-    return Routing(indices.copy_(experts), entropy, like.num_experts)
+    return RoutingRecord(indices.copy_(experts), entropy, like.num_experts)
 
 
-def place(whole: Routing, piece: Routing, part: MicroBatch) -> None:
+def place(whole: RoutingRecord, piece: RoutingRecord, part: MicroBatch) -> None:
     """Write a micro-batch's routing (layers, b, width, ...) into its rows of `whole`, in place:
     rows `part.rows` of the step batch, positions up to the part's width."""
     width = piece.indices.shape[2]
@@ -84,7 +84,7 @@ class PartCaptures:
 
     def __init__(self, policy: nn.Module, parts: list[MicroBatch], batch: int, length: int) -> None:
         self.policy, self.parts, self.batch, self.length = policy, parts, batch, length
-        self.whole: Routing | None = None
+        self.whole: RoutingRecord | None = None
         self.captured = 0
 
     @contextmanager
@@ -95,7 +95,7 @@ class PartCaptures:
         del recorder  # the per-layer captures: only the stacked piece is left
         self.captured += 1
         if is_whole(self.parts):
-            self.whole = Routing(
+            self.whole = RoutingRecord(
                 host_copy(piece.indices), host_copy(piece.entropy), piece.num_experts
             )
             return
@@ -103,7 +103,7 @@ class PartCaptures:
             self.whole = blank_routing(piece, self.batch, self.length)
         place(self.whole, piece, part)
 
-    def routing(self) -> Routing:
+    def routing(self) -> RoutingRecord:
         if self.whole is None or self.captured != len(self.parts):
             raise RuntimeError(
                 f"routing captured for {self.captured} of {len(self.parts)} micro-batches: run "

@@ -3,7 +3,8 @@ load imbalance, router entropy and routing change, per layer over masked positio
 
 Load imbalance and routing change are ratios of integer counts (`expert_counts_per_layer`,
 `changed_per_layer`), so a step can count them one micro-batch at a time and add the counts:
-exact, whatever the split. `learner.runtime.moe.routing_metrics` averages them over layers.
+exact, whatever the split. `learner.runtime.moe.tally.routing_metrics` averages them over
+layers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from learner.algorithms.masking import masked_mean
-from learner.runtime.moe_hooks import router_entropy
+from learner.runtime.moe.hooks import router_entropy
 
 
 def load_imbalance_per_layer(indices: Tensor, mask: Tensor, num_experts: int) -> Tensor:

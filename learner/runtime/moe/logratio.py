@@ -29,7 +29,7 @@ Why Var(c) / Var(a) and not 1 - Var(b) / Var(a): the latter is a difference of t
 numbers whenever routing explains little (the usual case), so it carries the rounding and
 sampling noise of both variances and goes negative when b happens to spread more than a; c is
 measured directly, is exactly 0 at every token when no router changed its choice (replaying a
-router's own choice is bitwise its forward, `moe_hooks.replayed_scores`), so the share is
+router's own choice is bitwise its forward, `hooks.replayed_scores`), so the share is
 exactly 0 then, and it is >= 0 by construction. It can exceed 1 when routing's part
 anti-correlates with the weights' (Var(a) = Var(b) + Var(c) + 2 Cov(b, c) < Var(c)), which is
 why the share is clipped and Var(c) is logged beside it unclipped. When Var(a) = 0 (no

@@ -41,7 +41,7 @@ def index_dtype(num_experts: int) -> torch.dtype:
 
 
 @dataclass(frozen=True)
-class Routing:
+class RoutingRecord:
     """Per-layer routing of one forward, reshaped to the batch: what replay and the metrics read.
 
     The router logits themselves are not kept: the metrics need only each token's entropy."""
@@ -50,11 +50,11 @@ class Routing:
     entropy: Tensor  # (layers, B, L) router entropy per token (nats), float32
     num_experts: int  # E, the router's output width
 
-    def rows(self, rows: Tensor, width: int | None = None) -> Routing:
+    def rows(self, rows: Tensor, width: int | None = None) -> RoutingRecord:
         """The routing of a subset of batch rows (a minibatch), cut to their first `width`
         positions (a micro-batch trimmed to its longest row; None: all), where it is kept."""
         cut = (slice(None), rows.to(self.indices.device), slice(None, width))
-        return Routing(self.indices[cut], self.entropy[cut], self.num_experts)
+        return RoutingRecord(self.indices[cut], self.entropy[cut], self.num_experts)
 
 
 def router_modules(model: nn.Module) -> list[nn.Module]:
@@ -96,9 +96,9 @@ class RoutingRecorder:
         self._entropy[layer] = router_entropy(logits.detach())  # (N,), N = B * L
         self._indices[layer] = indices.detach().to(index_dtype(self._experts))  # (N, k)
 
-    def routing(self, batch: int, length: int) -> Routing:
+    def routing(self, batch: int, length: int) -> RoutingRecord:
         entropy = [t for t in self._entropy if t is not None]
-        return Routing(
+        return RoutingRecord(
             self.indices(batch, length),
             torch.stack([t.reshape(batch, length) for t in entropy]),  # (layers, B, L)
             self._experts,
@@ -148,11 +148,11 @@ def replayed_scores(router_logits: Tensor, indices: Tensor, norm_topk_prob: bool
     return gates.to(router_logits.dtype)
 
 
-def replay_routing(model: nn.Module, routing: Routing) -> AbstractContextManager[None]:
+def replay_routing(model: nn.Module, routing: RoutingRecord) -> AbstractContextManager[None]:
     """Forwards inside use `routing.indices` as every layer's top-k experts.
 
     `routing` must have the batch shape of the forward (select minibatch rows with
-    `Routing.rows`); a mismatch raises instead of replaying another token's experts.
+    `RoutingRecord.rows`); a mismatch raises instead of replaying another token's experts.
     """
     return replay_experts(model, routing.indices)
 
@@ -179,7 +179,8 @@ def replay_experts(model: nn.Module, experts: Tensor) -> Iterator[None]:
             if logits.shape[0] != indices.shape[0]:
                 raise ValueError(
                     f"replay_routing: forward routes {logits.shape[0]} tokens, the replayed "
-                    f"routing holds {indices.shape[0]}; pass Routing.rows(...) of this batch"
+                    f"routing holds {indices.shape[0]}; pass RoutingRecord.rows(...) of this "
+                    "batch"
                 )
             # int64 for gather and the experts' dispatch; one layer of one forward at a time.
             replayed = indices.to(device=logits.device, dtype=torch.int64)

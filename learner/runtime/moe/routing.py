@@ -1,147 +1,74 @@
-"""Mixture-of-experts routing: capture the old policy's experts, replay them, measure drift.
+"""The `Routing` of an MoE policy: pi_old's experts captured (or the generator's replayed) at
+the start of a step, replayed in its gradient forwards, and counted against after the updates.
 
-Why this exists (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071,
-sec. 5.3 "Benefit of GSPO for MoE training"): in an MoE policy the experts a token is routed to
-can change between pi_old and pi_theta, so GRPO's token ratio pi_theta(y_t) / pi_old(y_t) is taken
-between two different sub-networks. The paper's GRPO baseline needs *routing replay* - cache the
-experts pi_old activated and reuse them in pi_theta's forward - while GSPO's sequence ratio does
-not. This module supplies that option and the diagnostics that show the effect:
-
-- `capture_routing` records each router's top-k expert indices during a forward (one byte each
-  up to 256 experts, `index_dtype`), and of its logits only what the metrics need, each
-  token's router entropy (`router_entropy`), reduced in the hook: the [tokens, experts]
-  float32 logits are never kept (at the GSPO paper's scale, Qwen3-30B-A3B, 48 layers x 128
-  experts, they were 24 KiB a token);
-- `replay_routing` makes a forward use given top-k indices, with the gates still computed by the
-  current router (softmax over all experts, gathered at the replayed experts and renormalised
-  when `norm_topk_prob`, exactly as the router computes them for its own choice);
-- `routing_metrics` turns two captures into `moe/*` metrics (pure functions of tensors);
-- the log-ratio metrics (`learner.runtime.moe_logratio`) weigh what the re-routing does to the
-  token ratio: the step's metric pass scores each part with the routers free and with pi_old's
-  experts replayed, and the variance of the difference is routing's share;
-- `StepRouting` is the small object `learner.runtime.step.train_on_batch` calls. Its forwards
-  (pi_old's, and the routing forward of the metrics) run in the step's micro-batches
-  (`learner.micro_batch_tokens`). pi_old's are each captured on their own and put back in the
-  batch's rows of a record in host memory (`learner.runtime.moe_record`: k + 4 bytes a token a
-  sparse layer up to 256 experts), so a routing pass holds one micro-batch's activations and
-  capture on the device, as a dense pass holds its activations. The metrics' forwards are
-  compared with the matching slice of that record part by part (`RoutingTally`, in
-  `learner.runtime.moe_tally`), so no second
-  record of the batch is ever made.
-
-Routing replay comes in two flavours (`ArmConfig.routing_replay`):
-- `old` (R2-style): replay the experts of the learner's own start-of-step forward, so pi_theta
-  and pi_old share a sub-network; the behaviour policy (the generator) may still have routed
-  differently.
-- `rollout` (R3, Ma et al. 2025, "Stabilizing MoE Reinforcement Learning by Aligning Training and
-  Inference Routers", arXiv:2510.11370): replay the experts the *generator* routed each token to
-  (recorded by the torch generator, carried by schema-v2 rollout records, collated into
-  `RolloutBatch.routed_experts`) in the pi_old forward and in every minibatch forward, so the
-  learner's log-probs are taken on the sampler's sub-network and the training-inference routing
-  mismatch is removed; the gates stay differentiable through the learner's router.
-
-Both work through forward hooks on the router modules (`learner.runtime.moe_hooks`: capture
-and replay, and which routers are supported); the metrics are pure functions of the captured
-tensors (`learner.runtime.moe_metrics`), and the step's record is assembled from micro-batches
-in `learner.runtime.moe_record`. This module drives them for a step, and re-exports the others.
+`MoeRouting` is the one object per learner (`learner.runtime.moe.setup.setup_routing` chooses it
+for a policy with supported routers); each step's state, pi_old's routing record and the parts
+its passes run in, is a `StepRouting` that `capture_old` makes and `metrics` lets go.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import Tensor, nn
 
-from learner.runtime.moe_hooks import (
-    ROUTER_TYPES,
-    Routing,
-    RoutingRecorder,
-    capture_routing,
-    index_dtype,
-    is_moe,
-    replay_experts,
-    replay_routing,
-    replayed_scores,
-    router_entropy,
-    router_modules,
-)
-from learner.runtime.moe_logratio import LOGRATIO_METRICS, LogRatioTally
-from learner.runtime.moe_metrics import (
-    load_imbalance_per_layer,
-    masked_mean_per_layer,
-    predicting_positions,
-    router_entropy_per_layer,
-    routing_change_per_layer,
-)
-from learner.runtime.moe_record import (
-    PartCaptures,
-    blank_routing,
-    cut,
-    host_copy,
-    is_whole,
-    part_width,
-    place,
-)
-from learner.runtime.moe_tally import MOE_METRICS, ROLLOUT_METRICS, RoutingTally, routing_metrics
+from learner.runtime.moe.base import LogProbs, PartContext
+from learner.runtime.moe.hooks import RoutingRecord, capture_routing, replay_experts, router_modules
+from learner.runtime.moe.logratio import LogRatioTally
+from learner.runtime.moe.metrics import predicting_positions
+from learner.runtime.moe.record import PartCaptures, cut, is_whole, part_width
+from learner.runtime.moe.tally import RoutingTally
 from learner.runtime.update import MicroBatch, take
 from learner.vocabulary import RoutingReplay
 
-__all__ = [  # the hooks, the metric functions and the record live next door, re-exported here
-    "LOGRATIO_METRICS",
-    "MOE_METRICS",
-    "ROLLOUT_METRICS",
-    "ROUTER_TYPES",
-    "LogProbs",
-    "PartContext",
-    "Routing",
-    "RoutingRecorder",
-    "RoutingTally",
-    "StepRouting",
-    "blank_routing",
-    "capture_routing",
-    "host_copy",
-    "index_dtype",
-    "is_moe",
-    "is_whole",
-    "load_imbalance_per_layer",
-    "masked_mean_per_layer",
-    "no_part_context",
-    "place",
-    "predicting_positions",
-    "replay_experts",
-    "replay_routing",
-    "replayed_scores",
-    "router_entropy",
-    "router_entropy_per_layer",
-    "router_modules",
-    "routing_change_per_layer",
-    "routing_metrics",
-]
 
-LogProbs = Callable[[Tensor, Tensor], Tensor]
-"""(input_ids, attention_mask) of a part -> the policy's log-probs [b, w], as its pi_old pass
-scores them (`step._score`: sampling distribution, chunks of `learner.logprob_chunk_tokens`)."""
+class MoeRouting:
+    """The `Routing` (`learner.runtime.moe.base`) of an MoE policy, for the arm's
+    `routing_replay` (`replay`): one per learner, a `StepRouting` per step. `capture_old` makes
+    the step's and `metrics` lets it go, so pi_old's host record of a batch lives from the
+    step's start to its `moe/*` metrics, as long as the step needs it and no longer."""
 
-PartContext = Callable[[MicroBatch], AbstractContextManager[None]]
-"""What `StepRouting.capture_old` yields: the context to enter around one micro-batch's forward."""
+    def __init__(self, policy: nn.Module, replay: RoutingReplay) -> None:
+        self.policy, self.mode = policy, replay
+        self.step: StepRouting | None = None
 
+    def capture_old(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        routed_experts: Tensor | None,
+        parts: list[MicroBatch],
+    ) -> AbstractContextManager[PartContext]:
+        self.step = None  # the previous step's record goes before this one's is made
+        self.step = StepRouting(self.policy, self.mode, input_ids, attention_mask, routed_experts)
+        return self.step.capture_old(parts)
 
-def no_part_context(_part: MicroBatch) -> AbstractContextManager[None]:
-    """The `PartContext` of a dense policy: nothing around any part."""
-    return contextlib.nullcontext()
+    def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
+        return self._current("replay").replay(rows, width)
+
+    def metrics(
+        self, mask: Tensor, logprobs: LogProbs | None = None, old_lp: Tensor | None = None
+    ) -> dict[str, float]:
+        step, self.step = self._current("metrics"), None
+        return step.metrics(mask, logprobs, old_lp)
+
+    def _current(self, what: str) -> StepRouting:
+        if self.step is None:
+            raise RuntimeError(f"MoeRouting.{what} outside a step: call capture_old first")
+        return self.step
 
 
 class StepRouting:
-    """The MoE part of one learner step; every method is a no-op for a dense policy.
+    """The MoE routing of one learner step, on an MoE policy (`MoeRouting` makes one a step).
 
     1. `capture_old(parts)` wraps the start-of-step pass (pi_old under `old_logprobs:
        recompute`) in the step's micro-batches (`learner.micro_batch_tokens`, the parts of
        `step._score`): it yields the context each part's forward runs in, captures that part's
        routing, and on exit keeps the learner's own routing of the whole batch (`old`), put back
-       in place (layers, B, L, k) in host memory (`learner.runtime.moe_record`). So the pass
+       in place (layers, B, L, k) in host memory (`learner.runtime.moe.record`). So the pass
        holds one micro-batch's forward and capture at a time on the device, as a dense one
        holds its forward; the batch's record (experts and per-token router entropy, never the
        router logits) waits on the host;
@@ -153,7 +80,7 @@ class StepRouting:
        routing against the same rows of `old` (`RoutingTally`) and returns `moe/*` over the
        positions that score response tokens (`predicting_positions`). Given `logprobs` and
        pi_old's log-probs, that pass scores the part's tokens and a second one scores them on
-       pi_old's experts (`learner.runtime.moe_logratio`: routing's share of the log-ratio's
+       pi_old's experts (`learner.runtime.moe.logratio`: routing's share of the log-ratio's
        variance, over the response tokens); each part's logits are freed as its log-probs exist.
 
     With `rollout` each part's start-of-step forward replays the generator's experts of its rows
@@ -179,13 +106,6 @@ class StepRouting:
         rollout: Tensor | None = None,
     ) -> None:
         self.policy = policy
-        self.active = is_moe(policy)
-        if replay != "off" and not self.active:
-            raise ValueError(
-                f"routing_replay: {replay} needs an MoE policy with a supported router "
-                f"({', '.join(t.__name__ for t in ROUTER_TYPES)}); this policy has none. Set "
-                "model.arch: qwen3_moe, or routing_replay: off"
-            )
         self.mode = replay
         self.input_ids, self.attention_mask = input_ids, attention_mask  # the step's batch
         self.batch, self.length = int(input_ids.shape[0]), int(input_ids.shape[1])
@@ -197,10 +117,10 @@ class StepRouting:
                 "vLLM generators and schema-v1 records do not). Use generation.backend: torch, "
                 "or routing_replay: old"
             )
-        self.rollout = rollout if self.active else None
+        self.rollout = rollout
         if self.rollout is not None:
             _check_rollout(self.rollout, router_modules(policy), (self.batch, self.length))
-        self.old: Routing | None = None
+        self.old: RoutingRecord | None = None
         self.parts: list[MicroBatch] = []  # the step's no-grad micro-batches, from capture_old
 
     @contextmanager
@@ -208,9 +128,6 @@ class StepRouting:
         """Yields `around`: enter `around(part)` around each part's pi_old forward (of
         `take(input_ids, part)`); `old` is the batch's routing once the context exits."""
         self.parts = parts
-        if not self.active:
-            yield no_part_context
-            return
         if self.mode == "rollout":
             yield self._replay_rollout  # pi_old: the learner's weights on the generator's experts
             self.old = self._own_routing()  # the learner's own routing of the batch, no replay
@@ -238,7 +155,7 @@ class StepRouting:
         )
 
     @torch.no_grad()
-    def _own_routing(self) -> Routing:
+    def _own_routing(self) -> RoutingRecord:
         """The policy's own routing of the step's batch (a record on the host), from no-grad
         forwards without replay, one per micro-batch of `capture_old`'s parts."""
         captures = PartCaptures(self.policy, self.parts, self.batch, self.length)
@@ -255,7 +172,7 @@ class StepRouting:
         return recorder.indices(int(part.rows.numel()), part_width(part, self.length))
 
     def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
-        if self.mode == "off" or not self.active:
+        if self.mode == "off":
             return contextlib.nullcontext()
         if self.mode == "rollout":
             assert self.rollout is not None  # checked in __init__
@@ -306,8 +223,6 @@ class StepRouting:
     ) -> dict[str, float]:
         """`moe/*` after the updates; with `logprobs` and `old_lp` (pi_old's log-probs [B, L],
         from the step's start) also `LOGRATIO_METRICS`, the routing pass then scoring tokens."""
-        if not self.active:
-            return {}
         if self.old is None:
             raise RuntimeError("StepRouting.metrics before capture_old: pi_old's routing is unset")
         scored = predicting_positions(mask).float()  # (B, L)

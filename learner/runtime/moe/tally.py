@@ -4,8 +4,8 @@
 whose expert set the step's updates changed, per layer and in any layer, and the same against
 the generator's experts under R3), so any split of the batch gives the whole batch's metrics
 bit for bit; `routing_metrics` is the whole-batch form of the same tally. The counting
-functions are `learner.runtime.moe_metrics`'; `learner.runtime.moe.StepRouting` drives the tally
-through a step.
+functions are `learner.runtime.moe.metrics`'; `learner.runtime.moe.routing.StepRouting` drives
+the tally through a step.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import torch
 from torch import Tensor
 
 from contract import metrics as M
-from learner.runtime.moe_hooks import Routing
-from learner.runtime.moe_metrics import (
+from learner.runtime.moe.hooks import RoutingRecord
+from learner.runtime.moe.metrics import (
     change_fraction,
     expert_counts_per_layer,
     load_imbalance_of_counts,
     masked_mean_per_layer,
     rerouted_counts,
 )
-from learner.runtime.moe_record import cut
+from learner.runtime.moe.record import cut
 
 MOE_METRICS = (
     M.MOE_LOAD_IMBALANCE,
@@ -47,7 +47,7 @@ class RoutingTally:
 
     `scored` (B, L) are the positions that count (`predicting_positions`), on the device."""
 
-    def __init__(self, old: Routing, scored: Tensor, rollout: bool) -> None:
+    def __init__(self, old: RoutingRecord, scored: Tensor, rollout: bool) -> None:
         layers = int(old.indices.shape[0])
         self.old, self.scored, self.scored_host = old, scored, scored.cpu()
         self.experts = torch.zeros(layers, old.num_experts, dtype=torch.float64)  # on the host
@@ -103,7 +103,7 @@ class RoutingTally:
 
 
 def routing_metrics(
-    old: Routing, new: Routing, mask: Tensor, rollout: Tensor | None = None
+    old: RoutingRecord, new: RoutingRecord, mask: Tensor, rollout: Tensor | None = None
 ) -> dict[str, float]:
     """The registered `moe/*` metrics of whole-batch captures, each averaged over layers.
 
