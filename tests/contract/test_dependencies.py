@@ -1,7 +1,8 @@
 """Dependencies point one way (design section 2): contract is the bottom of the graph, and
 analysis depends on nothing of this repo but contract; inside each package no modules import each
 other in a cycle. Checked on the source, statically, so a lazy import inside a function counts
-too (one under `if TYPE_CHECKING:` does not: it never runs)."""
+too; an import under `if TYPE_CHECKING:` counts in the cycle check (a type-only circle still ties
+two modules' definitions together) and nowhere else (it never runs)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,16 @@ def _is_type_checking_guard(node: ast.If) -> bool:
     )
 
 
-def _imported_names(tree: ast.AST, module: str, is_package: bool) -> set[str]:
-    """Dotted names a module imports, anywhere in it (function bodies too), except under
-    `if TYPE_CHECKING:`. `from a.b import c` yields both `a.b` and `a.b.c` (c may be a module)."""
+def _imported_names(
+    tree: ast.AST, module: str, is_package: bool, *, typing: bool = False
+) -> set[str]:
+    """Dotted names a module imports, anywhere in it (function bodies too); under
+    `if TYPE_CHECKING:` only with `typing`. `from a.b import c` yields both `a.b` and `a.b.c`
+    (c may be a module)."""
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking_guard(node):
+        if not typing and isinstance(node, ast.If) and _is_type_checking_guard(node):
             for child in node.orelse:
                 visit(child)
             return
@@ -91,7 +95,7 @@ def module_graph(root: Path, package: str) -> dict[str, set[str]]:
     graph = {}
     for module, (path, is_package) in files.items():
         tree = ast.parse(path.read_text(), filename=str(path))
-        imported = _imported_names(tree, module, is_package)
+        imported = _imported_names(tree, module, is_package, typing=True)
         graph[module] = {name for name in imported if name in files and name != module}
     return graph
 
@@ -138,7 +142,7 @@ def test_no_import_cycle_inside_a_package(package: str) -> None:
     assert import_cycles(graph) == []
 
 
-def test_cycle_check_counts_function_level_imports_not_type_checking(tmp_path: Path) -> None:
+def test_cycle_check_counts_function_level_and_type_checking_imports(tmp_path: Path) -> None:
     pkg = tmp_path / "pkg"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
@@ -149,7 +153,10 @@ def test_cycle_check_counts_function_level_imports_not_type_checking(tmp_path: P
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.e import x\n"
     )
     (pkg / "e.py").write_text("from pkg.d import TYPE_CHECKING\n")  # d -> e only when typing
-    assert import_cycles(module_graph(tmp_path, "pkg")) == [["pkg.a", "pkg.b", "pkg.c"]]
+    assert sorted(import_cycles(module_graph(tmp_path, "pkg"))) == [
+        ["pkg.a", "pkg.b", "pkg.c"],
+        ["pkg.d", "pkg.e"],
+    ]
 
 
 def _imports_of(path: Path) -> set[str]:
