@@ -275,7 +275,7 @@ def run_experiment(
             console.print(f"[yellow]warning:[/] {software}", highlight=False)
         if stage is None:
             tracker = open_tracker(cfg, out_dir)  # fails fast on a bad store, before any trial
-            tracker.start_experiment(cfg, request.config_path, request.overrides, steps)
+            tracker.start_experiment(request)
         else:
             tracker = stage.tracker
             tracker.begin_stage(cfg, stage.name)

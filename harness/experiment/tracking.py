@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,6 +36,7 @@ from contract.trial import LaunchStatus
 from contract.tuning import TuningSelection
 from harness.config import ExperimentConfig, resolved_dump
 from harness.experiment.grid import TrialOnDisk
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.run_registry import ChildRecord, RunRegistry
 from harness.experiment.trial_runs import (
     flatten_params,
@@ -135,13 +136,7 @@ class Tracker(Protocol):
 
     parent_run_id: str | None
 
-    def start_experiment(
-        self,
-        cfg: ExperimentConfig,
-        config_path: Path,
-        overrides: Sequence[str],
-        steps: int | None,
-    ) -> None: ...
+    def start_experiment(self, request: ExperimentRequest) -> None: ...
 
     def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None: ...
 
@@ -164,7 +159,7 @@ class NullTracker:
     parent_run_id: str | None = None
     tracking_uri: str | None = None
 
-    def start_experiment(self, *args: object) -> None:
+    def start_experiment(self, request: ExperimentRequest) -> None:
         return None
 
     def begin_stage(self, cfg: ExperimentConfig, stage: str) -> None:
@@ -218,14 +213,9 @@ class MlflowTracker:
     def tracking_uri(self) -> str:
         return self.client.tracking_uri
 
-    def start_experiment(
-        self,
-        cfg: ExperimentConfig,
-        config_path: Path,
-        overrides: Sequence[str],
-        steps: int | None,
-    ) -> None:
+    def start_experiment(self, request: ExperimentRequest) -> None:
         """Create this launch's parent run: config as params and artifact, provenance as tags."""
+        cfg, steps = request.cfg, request.steps
         self._cfg, self._steps = cfg, steps
         facts = provenance()
         stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -235,8 +225,8 @@ class MlflowTracker:
             "harness.kind": "experiment",
             "config_hash": cfg.config_hash(),
             "harness.out_dir": str(self.out_dir),
-            "harness.config_path": str(config_path),
-            "harness.overrides": list(overrides),
+            "harness.config_path": str(request.config_path),
+            "harness.overrides": list(request.overrides),
             **_provenance_tags(facts),
         }
         if steps is not None:
@@ -248,7 +238,7 @@ class MlflowTracker:
         log_params(self.client, run_id, flatten_params(resolved))
         text = redact(yaml.safe_dump(resolved, sort_keys=False))
         self.client.log_text(run_id, text, "config/resolved_config.yaml")
-        source = Path(config_path)
+        source = Path(request.config_path)
         if source.is_file():  # the YAML as written, before defaults and overrides
             self.client.log_text(run_id, redact(source.read_text()), f"config/source/{source.name}")
         for key in ("packages", "hardware", "git"):

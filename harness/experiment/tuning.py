@@ -204,7 +204,7 @@ def run_tuned_experiment(
     root = root.expanduser().resolve()
     tuning_dir = root / TUNING_DIR
     tracker = open_tracker(cfg, root)
-    tracker.start_experiment(cfg, request.config_path, request.overrides, steps)
+    tracker.start_experiment(request)
     status = "FAILED"
     try:
         stage_cfg = tuning_stage_config(cfg)

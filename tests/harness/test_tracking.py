@@ -16,6 +16,7 @@ from contract.layout import PARENT_TAG
 from harness.config import ExperimentConfig
 from harness.experiment.grid import classify_trials, expand_trials
 from harness.experiment.mlflow_ui import UiError, ui_command, ui_store
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.run_registry import REGISTRY_FILE, ChildRecord, store_key
 from harness.experiment.tracking import MlflowTracker, artifact_location, resolve_tracking_uri
 from harness.experiment.trial_runs import (
@@ -124,7 +125,7 @@ def _log_experiment(root: Path, template: Path) -> Logged:
     config_path.write_text("name: track\n")
     fresh_sqlite_store(out_dir, template)
     tracker = MlflowTracker.open(cfg, out_dir)
-    tracker.start_experiment(cfg, config_path, ["learner.lr=0.001"], None)
+    tracker.start_experiment(ExperimentRequest(cfg, config_path, overrides=["learner.lr=0.001"]))
     for trial in classify_trials(specs):
         tracker.trial_done_before(trial)
     tracker.end_experiment("FINISHED")
@@ -221,7 +222,7 @@ def test_relaunch_reuses_children_under_the_new_parent(logged: Logged) -> None:
     specs = expand_trials(logged.cfg, logged.out_dir)
     before = {c.info.run_id for c in logged.client.search_runs([logged.experiment_id])}
     tracker = MlflowTracker.open(logged.cfg, logged.out_dir)
-    tracker.start_experiment(logged.cfg, logged.out_dir / "none.yaml", [], None)
+    tracker.start_experiment(ExperimentRequest(logged.cfg, logged.out_dir / "none.yaml"))
     for trial in classify_trials(specs):
         tracker.trial_done_before(trial)
     tracker.end_experiment("FINISHED")
@@ -251,7 +252,7 @@ def first_attempt(
     write_trial(spec.trial_dir, spec.arm, spec.seed, status=on_disk)
     fresh_sqlite_store(out_dir, mlflow_template)
     tracker = MlflowTracker.open(cfg, out_dir)
-    tracker.start_experiment(cfg, tmp_path / "x.yaml", [], None)
+    tracker.start_experiment(ExperimentRequest(cfg, tmp_path / "x.yaml"))
     tracker.trial_started(spec, resume=False)
     tracker.trial_ended(spec, ended, reason)
     return tracker, spec, tracker.registry.child(spec.trial_name)

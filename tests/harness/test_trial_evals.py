@@ -16,6 +16,7 @@ from contract import metrics as M
 from contract.layout import PARENT_TAG
 from harness.config import load_config
 from harness.experiment.grid import classify_trials, expand_trials
+from harness.experiment.request import ExperimentRequest
 from harness.experiment.tracking import MlflowTracker
 from learner.runtime.evals_log import EvalsLog
 from tests.harness.mlflow_store import fresh_sqlite_store, template_store
@@ -112,7 +113,7 @@ def test_eval_sets_reach_the_trials_mlflow_run(
     shutil.copytree(runs["first"], spec.trial_dir)
     fresh_sqlite_store(out_dir, template_store(request.config, tmp_path_factory))
     tracker = MlflowTracker.open(cfg, out_dir)
-    tracker.start_experiment(cfg, REPO / "configs/quickstart.yaml", [], STEPS)
+    tracker.start_experiment(ExperimentRequest(cfg, REPO / "configs/quickstart.yaml", steps=STEPS))
     for trial in classify_trials([spec]):
         tracker.trial_done_before(trial)
     tracker.end_experiment("FINISHED")
