@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from buffer.staleness import POLICIES
 from contract.trial import StalenessMode
 
 AppendFsync = Literal["off", "everysec", "always"]
@@ -106,12 +107,10 @@ class StalenessConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_partial(self) -> StalenessConfig:
-        if self.partial_rollouts and self.mode == "fixed":
-            raise ValueError(
-                "staleness.partial_rollouts needs staleness.mode: bounded: fixed mode generates "
-                "each batch with exactly one version (and so repeats bit for bit), while a "
-                "partial rollout takes new weights whenever they are published"
-            )
+        rule = POLICIES[self.mode]
+        problem = rule.refusal("partial_rollouts", "staleness.partial_rollouts")
+        if self.partial_rollouts and problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")

@@ -44,6 +44,7 @@ from buffer.rewind import (
     rewind_bounded,
     rewind_groups,
 )
+from buffer.staleness import group_lag
 from buffer.take_timeouts import batch_timeout, take_timeout
 from buffer.telemetry import DROPPED_STALE
 from buffer.tickets import TicketDispenser, draw_batch
@@ -238,7 +239,7 @@ class RolloutConsumer:
             while len(chosen) < n_groups:
                 if state.ready:
                     delivery = state.ready.popleft()
-                    lag = learner_version - delivery.policy_version
+                    lag = group_lag(learner_version, delivery.policy_version)
                     if made_from_withdrawn(delivery):
                         withdrawn.append(delivery)
                     else:

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from buffer.staleness import POLICIES
 from contract.trial import StalenessMode, TrialSpec
 from harness.cli_common import (
     ArmOpt,
@@ -46,7 +47,7 @@ def _trial_spec(
         raise fail(f"--seed must be >= 0, got {seed}")
     if lag < 0:
         raise fail(f"--lag must be >= 0, got {lag}")
-    if mode == "fixed" and cfg.regime(arm).partial_rollouts:
+    if cfg.regime(arm).partial_rollouts and not POLICIES[mode].partial_rollouts:
         raise fail(
             f"--mode fixed with partial rollouts (arm {arm!r}'s regime, from staleness."
             "partial_rollouts or the arm's own staleness): partial rollouts are bounded mode's "

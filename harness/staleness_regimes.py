@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from buffer.config import StalenessConfig
+from buffer.staleness import POLICIES
 from learner.config import ArmBase
 from learner.config.arm_staleness import ArmStaleness
 
@@ -57,9 +58,7 @@ def check_arm_regimes(staleness: StalenessConfig, arms: list[ArmBase]) -> None:
                 f"{list(staleness.lags)} does not: an arm runs at some of the experiment's lags; "
                 "add them to staleness.lags"
             )
-        if own.partial_rollouts and staleness.mode == "fixed":
-            raise ValueError(
-                f"{where}.partial_rollouts of arm {arm.name!r} needs staleness.mode: bounded: "
-                "fixed mode generates each batch with exactly one version (and so repeats bit "
-                "for bit), while a partial rollout takes new weights whenever they are published"
-            )
+        where_partial = f"{where}.partial_rollouts of arm {arm.name!r}"
+        problem = POLICIES[staleness.mode].refusal("partial_rollouts", where_partial)
+        if own.partial_rollouts and problem:
+            raise ValueError(problem)

@@ -15,6 +15,7 @@ from typing import Protocol
 from pydantic import ValidationError
 
 from buffer.config import BufferConfig, StalenessConfig
+from buffer.staleness import POLICIES
 from contract.config_dump import dump_without_defaults
 from harness.config.evals import EvalSetConfig, TrainTaskConfig, check_unique_names
 from harness.config.executor import ExecutorConfig
@@ -111,14 +112,10 @@ def check_staleness_and_depth(cfg: CheckedConfig) -> None:
     """Dynamic sampling needs fixed staleness, and the buffer must hold every group that waits
     unacked for the next checkpoint."""
     rounds = cfg.dynamic_sampling_rounds()
-    if rounds and cfg.staleness.mode != "fixed":
-        names = [arm.name for arm in cfg.arms if arm.sampling_rounds()]
-        raise ValueError(
-            f"arms {names} set dynamic_sampling_rounds, which needs staleness.mode: fixed "
-            f"(got {cfg.staleness.mode}): extra rounds are generated for one batch by its "
-            "fixed policy version; set staleness.mode: fixed or remove "
-            "dynamic_sampling_rounds"
-        )
+    names = [arm.name for arm in cfg.arms if arm.sampling_rounds()]
+    problem = POLICIES[cfg.staleness.mode].refusal("dynamic_sampling_rounds", f"arms {names}")
+    if rounds and problem:
+        raise ValueError(problem)
     # every draw of a step stays unacked until the checkpoint (extra rounds included); a sync
     # interval lets groups be sync_every - 1 versions staler
     draws = cfg.learner.checkpoint_every * (1 + rounds)

@@ -23,15 +23,13 @@ from buffer.eval_requests import EvalRequests
 from buffer.record_types import RecordError
 from buffer.rollout_group import RolloutGroup
 from buffer.schema import encode_group
+from buffer.staleness import staleness_policy
 from buffer.streams import (
     RolloutProducer,
     RolloutSink,
     TicketDispenser,
     VersionRegistry,
-    admission_limit,
     connect,
-    fixed_policy_version,
-    synced_version,
     ticket_batch,
     ticket_draw,
 )
@@ -215,7 +213,8 @@ def _generate(
         fetcher=fetcher,
     )
     regime = cfg.regime(spec.arm)  # the experiment's staleness with the arm's own on top
-    partial = spec.mode == "bounded" and regime.partial_rollouts
+    policy = staleness_policy(spec.mode, spec.lag, regime.sync_every)
+    partial = policy.partial_rollouts and regime.partial_rollouts
     updates = (
         PublishedUpdates(
             versions,
@@ -259,7 +258,7 @@ def _generate(
         # version was published before them): answer before claiming more rollout work.
         stats.eval_s += evals.serve(loaded)
         published = current[0]
-        limit = min(admission_limit(published, spec.lag, per_step), total)
+        limit = min(policy.admission_limit(published, per_step), total)
         claimed, carry = claim_batch(
             tickets, generator_id, limit=limit, per_step=per_step, carry=carry, most=most
         )
@@ -275,12 +274,7 @@ def _generate(
             continue
         crash_if_armed(FAULT_CRASH_FILE_ENV, claimed.__contains__, f"holding tickets {claimed}")
         batch_index = ticket_batch(claimed[0], per_step)  # extra rounds: the batch's version
-        sync_every = regime.sync_every
-        want = (
-            fixed_policy_version(batch_index, spec.lag, sync_every)
-            if spec.mode == "fixed"
-            else synced_version(published, sync_every)
-        )
+        want = policy.ticket_version(batch_index, published)
         if want != loaded.version:
             try:
                 location = versions.wait_for_version(want, timeout_s=cfg.buffer.push_timeout_s)

@@ -54,15 +54,9 @@ import numpy as np
 
 from buffer.rollout_group import RolloutGroup
 from buffer.schema import make_group_id
+from buffer.staleness import StalenessPolicy, staleness_policy
 from buffer.streams import Check, Delivery
-from buffer.tickets import (
-    draw_batch,
-    draw_round,
-    fixed_policy_version,
-    round_tickets,
-    ticket_batch,
-    ticket_round,
-)
+from buffer.tickets import draw_batch, draw_round, round_tickets, ticket_batch, ticket_round
 from contract.trial import StalenessMode
 
 
@@ -97,6 +91,11 @@ class IntakeRules:
     prompt_ids: Callable[[int], Sequence[int]] | None = None  # prompt index -> its tokens
     extra_rounds: int = 0  # dynamic sampling: the arm's dynamic_sampling_rounds
     sync_every: int = 1  # staleness.sync_every: fixed mode's versions are its multiples
+
+    @property
+    def policy(self) -> StalenessPolicy:
+        """The trial's staleness rule, which says what versions a group may carry."""
+        return staleness_policy(self.mode, self.lag, self.sync_every)
 
 
 def refusal(delivery: Delivery, rules: IntakeRules, learner_version: int) -> str | None:
@@ -145,31 +144,9 @@ def identity_problem(delivery: Delivery, rules: IntakeRules, learner_version: in
             f"claims extra round {round_index} of batch {batch}, but the arm's "
             f"dynamic_sampling_rounds is {rules.extra_rounds}"
         )
-    version = group.policy_version
-    if rules.mode == "fixed":
-        want_version = fixed_policy_version(batch, rules.lag, rules.sync_every)
-        if version != want_version:
-            synced = f" syncing every {rules.sync_every} steps" if rules.sync_every > 1 else ""
-            return (
-                f"policy_version {version}, but fixed mode at lag {rules.lag}{synced} generates "
-                f"batch {batch} with version {want_version}"
-            )
-        if group.token_versions is not None:
-            return (
-                f"tokens of versions {version}..{group.newest_token_version}, but fixed mode "
-                f"generates every token of batch {batch} with version {want_version} (responses "
-                "continued across versions are bounded mode's partial rollouts)"
-            )
-    elif version > learner_version:
-        return (
-            f"policy_version {version} is newer than the learner's version {learner_version}; "
-            "no generator can have its weights"
-        )
-    elif group.newest_token_version > learner_version:
-        return (
-            f"a token of version {group.newest_token_version} is newer than the learner's "
-            f"version {learner_version}; no generator can have its weights"
-        )
+    problem = rules.policy.version_problem(group, batch, learner_version)
+    if problem is not None:
+        return problem
     prompt = group.prompt_index
     if ticket_batch(prompt, per_step) != batch or ticket_round(prompt) != round_index:
         first = round_tickets(batch, round_index, per_step)[0]

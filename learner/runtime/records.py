@@ -24,6 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from buffer.rollout_group import RolloutGroup
+from buffer.staleness import group_lag
 from contract import rollout_log as R
 from contract import step_tables
 from contract.evals import EvalReport
@@ -74,7 +75,7 @@ def rollout_table(step: int, logged: LoggedRollouts) -> pa.Table:
             columns[R.PROMPT_INDEX].append(group.prompt_index)
             columns[R.SAMPLE_INDEX].append(index)
             columns[R.POLICY_VERSION].append(group.policy_version)
-            columns[R.LAG].append(step - 1 - group.policy_version)
+            columns[R.LAG].append(group_lag(step - 1, group.policy_version))
             columns[R.PROMPT_IDS].append(prompt)
             columns[R.RESPONSE_IDS].append(ids)
             columns[R.PROMPT_TEXT].append(prompt_text)

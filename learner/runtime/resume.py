@@ -125,13 +125,13 @@ def start_or_resume(
         weights=ports.weights,
         versions=ports.versions,
         keep=keep,
-        verify_replays=task.mode == "fixed",
+        verify_replays=task.policy.replays_exactly,
     )
     buffer = ports.buffer
     records = StepRecords(task.trial_dir)
     checkpoints = CheckpointStore(TrialPaths(task.trial_dir).checkpoints, records=records.vouched)
     say = partial(print, flush=True) if dist.is_main else None
-    fixed = task.mode == "fixed"
+    fixed = task.policy.replays_exactly  # fixed lag: replays; bounded: withdraws
     state = TrainingState()
     # Fixed mode replays bitwise, so it may fall back past a damaged checkpoint or step file to
     # the newest checkpoint whose files are all intact (None: to the initial weights) and rewind

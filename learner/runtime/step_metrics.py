@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from buffer.rollout_group import RolloutGroup
+from buffer.staleness import group_lag
 from buffer.streams import Delivery
 from contract import metrics as M
 from learner.runtime.checkpoint import TrainingState
@@ -92,7 +93,7 @@ def group_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]:
     group_std = np.array([np.std(g.rewards) for g in groups])
     lengths = np.array([len(ids) for g in groups for ids in g.response_ids], dtype=np.float64)
     truncated = np.array([f == "length" for g in groups for f in g.finish_reasons])
-    lags = np.array([step - g.policy_version for g in groups], dtype=np.float64)
+    lags = np.array([group_lag(step, g.policy_version) for g in groups], dtype=np.float64)
     return token_lag_metrics(groups, step) | {
         M.REWARD_MEAN: float(rewards.mean()),
         M.REWARD_STD: float(rewards.std()),
@@ -112,7 +113,7 @@ def token_lag_metrics(groups: list[RolloutGroup], step: int) -> dict[str, float]
     token's lag is `step` minus the version that sampled it (rollout schema v3); NaN without
     response tokens."""
     versions = [v for g in groups for v in g.versions_per_token()]
-    lags = step - np.concatenate(versions).astype(np.int64) if versions else np.zeros(0)
+    lags = group_lag(step, np.concatenate(versions).astype(np.int64)) if versions else np.zeros(0)
     spanning = [bool(v.size) and int(v[0]) != int(v[-1]) for v in versions]
     if not lags.size:
         nan = float("nan")
@@ -231,7 +232,7 @@ def group_timing(delivery: Delivery, learner_version: int, taken_at: float) -> G
     started = (group.generation_started_at or group.created_at).timestamp()
     pushed = entry_time(delivery.entry_id)
     return GroupTiming(
-        lag=learner_version - group.policy_version,
+        lag=group_lag(learner_version, group.policy_version),
         generation_s=pushed - started,
         queue_s=taken_at - pushed,
         age_s=taken_at - started,

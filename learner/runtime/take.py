@@ -79,14 +79,16 @@ class BatchTaker:
             task.seed, task.learner.prompts_per_step, task.total_steps, self.rules.extra_rounds
         )
         self.trained = set(trained)  # consumed ids: the checkpoint's, then each step's
+        # chosen once: by batch index (fixed lag, exact replays) or in arrival order (bounded)
+        exact = task.policy.replays_exactly
+        self._take_step = self._take_fixed if exact else self._take_bounded
 
     def take(self, step: int) -> Taken:
         """The groups of step `step`, skipping ones already consumed, and the groups dropped as
         too stale meanwhile (bounded mode; already acked by the buffer), stamped with the time
         they were handed over."""
         check = intake_check(self.rules, learner_version=step)
-        fixed = self.task.mode == "fixed"
-        taken = self._take_fixed(step, check) if fixed else self._take_bounded(step, check)
+        taken = self._take_step(step, check)
         # Arrival order must not matter in fixed mode: train in prompt order (round 0 first).
         trained = sorted(taken.trained, key=lambda d: (d.group.prompt_index, d.group.group_id))
         return replace(taken, trained=trained, taken_at=time.time())

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from buffer.staleness import StalenessPolicy, staleness_policy
 from buffer.streams import RolloutSource, TelemetryReader, VersionPublisher, WeightWriter
 from contract.evals import EvalReport
 from contract.trial import StalenessMode, TrialStatus
@@ -47,9 +48,14 @@ class LearnerTask:
     sync_every: int = 1
 
     @property
+    def policy(self) -> StalenessPolicy:
+        """The trial's staleness rule (`buffer.staleness`): how it takes, resumes and checks."""
+        return staleness_policy(self.mode, self.lag, self.sync_every)
+
+    @property
     def max_lag(self) -> int:
         """The oldest lag a trained group may have: `lag`, plus what the sync interval adds."""
-        return self.lag + self.sync_every - 1
+        return self.policy.max_lag
 
     @property
     def total_steps(self) -> int:
