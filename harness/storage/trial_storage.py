@@ -13,7 +13,7 @@ With the Ray executor every component keeps a private working copy on its node
 nothing can lean on a shared path), pulls the supervisor's files before it starts, and pushes
 what it owns.
 The learner uploads its checkpoint *before* it acknowledges the checkpoint's groups in Redis
-(`UploadBeforeAck`): a resume on another node must find in the bucket the checkpoint that
+(`LearnerPorts.before_ack`): a resume on another node must find in the bucket the checkpoint that
 matches what Redis let go of. The supervisor pulls the learner's progress to show it and to
 judge the outcome. With the local executor the components share the supervisor's working copy,
 which the supervisor pushes whole.
@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Final
+from typing import Final
 
 from contract.layout import (
     CHECKPOINTS_DIR,
@@ -168,31 +168,6 @@ class TrialSync:
         """Delete `prefixes` in the bucket (a fresh trial's leftovers from an earlier attempt)."""
         for prefix in prefixes:
             self.remote.delete_tree(prefix)
-
-
-class UploadBeforeAck:
-    """The learner's buffer, uploading the trial's learner files before each commit.
-
-    `learner.runtime.loop` saves a checkpoint, then commits (marks trained, acks) the groups it
-    covers; from then on Redis no longer redelivers them. Uploading in between, synchronously, keeps
-    the bucket's newest checkpoint at least as new as what Redis let go of.
-    """
-
-    def __init__(self, inner: Any, sync: TrialSync) -> None:
-        self._inner = inner
-        self._sync = sync
-
-    def commit(self, deliveries: Iterable[Any]) -> None:
-        self._sync.push(LEARNER_FILES)
-        self._inner.commit(deliveries)
-
-    def recommit(self, trained_group_ids: Any) -> int:
-        """A resume's commit of the loaded checkpoint's groups: that checkpoint first, too."""
-        self._sync.push(LEARNER_FILES)
-        return self._inner.recommit(trained_group_ids)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
 
 
 class SupervisorSync:

@@ -33,7 +33,6 @@ from harness.storage.trial_storage import (
     LEARNER_FILES,
     LEARNER_PROGRESS,
     TrialSync,
-    UploadBeforeAck,
 )
 from harness.tasks.mixture import make_train_mixture
 from harness.trial.disk_space import disk_full_as_one_line
@@ -41,7 +40,7 @@ from learner.runtime.checkpoint import CheckpointStore, ResumeError
 from learner.runtime.distributed import barrier, init_distributed, shutdown
 from learner.runtime.loop import LearnerOutcome, LearnerPorts, LearnerTask, run_learner
 from learner.runtime.records import StepRecords
-from learner.runtime.task import TextDecoder
+from learner.runtime.task import TextDecoder, nothing_to_upload
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -259,13 +258,14 @@ def run_learner_component(
                 buffer = RolloutConsumer(client, run_id, cfg.buffer)  # creates the consumer group
                 telemetry = Telemetry(client, run_id)
                 weights = WeightStore(paths.weights)
-                if sync is not None:
-                    buffer = UploadBeforeAck(buffer, sync)
+                before_ack = nothing_to_upload
+                if sync is not None:  # a resume elsewhere reads the bucket: upload, then ack
+                    before_ack = functools.partial(sync.push, LEARNER_FILES)
                     weights = RemoteWeightStore(paths.weights, sync.remote.child(WEIGHTS_DIR))
                     on_step = _with_progress_push(on_step, sync)
                 evals = EvalRequests(client, run_id, wait_timeout_s=task.take_timeout_s)
                 evals.withdraw_all()  # an earlier learner's requests: nobody waits for them
-                ports = LearnerPorts(buffer, telemetry, versions, weights, evals)
+                ports = LearnerPorts(buffer, telemetry, versions, weights, evals, before_ack)
             else:
                 stand_in = _RankZeroOnly()
                 ports = LearnerPorts(stand_in, stand_in, stand_in, stand_in, stand_in)

@@ -32,7 +32,7 @@ import time
 from functools import partial
 from typing import NamedTuple
 
-from buffer.streams import Delivery, RolloutSource, VersionPublisher
+from buffer.streams import Delivery
 from buffer.timeline import Timeline
 from contract import metrics as M
 from contract.layout import TrialPaths
@@ -49,13 +49,10 @@ class Commits:
     """The groups consumed since the last checkpoint, and the commit that settles them."""
 
     def __init__(
-        self,
-        checkpoints: CheckpointStore,
-        modules: dict[str, object],
-        buffer: RolloutSource,
+        self, checkpoints: CheckpointStore, modules: dict[str, object], ports: LearnerPorts,
         dist: DistContext,
-    ) -> None:
-        self.checkpoints, self.modules, self.buffer, self.dist = checkpoints, modules, buffer, dist
+    ) -> None:  # fmt: skip
+        self.checkpoints, self.modules, self.ports, self.dist = checkpoints, modules, ports, dist
         self.pending: list[Delivery] = []  # consumed since the last checkpoint
 
     def add(self, consumed: list[Delivery]) -> None:
@@ -68,7 +65,7 @@ class Commits:
         `save_shards` at the same step.)"""
         self.checkpoints.save(state, self.modules, self.dist)
         if self.pending:
-            self.buffer.commit(self.pending)  # marks trained and acks in one MULTI
+            commit_groups(self.ports, self.pending)
             self.pending.clear()
 
     def save_shards(self, state: TrainingState) -> None:
@@ -151,9 +148,9 @@ def start_or_resume(
             checkpoints.verify_records(state.step, task.trial_dir)
             start = f"checkpoint step-{state.step:06d}"
             if fixed:
-                settle_resumed_commits(buffer, state, start)
+                settle_resumed_commits(ports, state, start)
             else:
-                timeline, rewind = bounded_rewind(buffer, ports.versions, records, state, start)
+                timeline, rewind = bounded_rewind(ports, records, state, start)
             records.truncate_after(state.step)
     elif dist.is_main:
         # No checkpoint usable (never completed, or none intact with its files): start from
@@ -162,10 +159,10 @@ def start_or_resume(
         # (publish_unless_done), bounded mode withdraws them; uncommitted groups are still
         # pending. (Sharded: the other ranks gathered v0 with rank 0, `PublishedWeights`.)
         if resume and fixed:
-            settle_resumed_commits(buffer, state, "the initial weights")
+            settle_resumed_commits(ports, state, "the initial weights")
         elif resume:
             start = "the initial weights"
-            timeline, rewind = bounded_rewind(buffer, ports.versions, records, state, start)
+            timeline, rewind = bounded_rewind(ports, records, state, start)
         records.truncate_after(-1)
         published.publish_initial(resume=resume)
         report, _seconds = ports.evals.wait(ports.evals.request(0))  # a generator runs them
@@ -173,16 +170,12 @@ def start_or_resume(
         records.append(0, time.time(), {M.EVAL_PASS_RATE: pass_rate, M.TOKENS_GENERATED: 0})
     if timeline is None and dist.is_main and not fixed:
         timeline = buffer.timeline()  # a fresh run's: empty, unless Redis kept an old run's
-    commits = Commits(checkpoints, modules, buffer, dist)
+    commits = Commits(checkpoints, modules, ports, dist)
     return Start(state, published, records, commits, timeline, rewind)
 
 
 def bounded_rewind(
-    buffer: RolloutSource,
-    versions: VersionPublisher,
-    records: StepRecords,
-    state: TrainingState,
-    start: str,
+    ports: LearnerPorts, records: StepRecords, state: TrainingState, start: str
 ) -> tuple[Timeline, RewindReport | None]:
     """Bounded mode's resume from `state` (`start` names it), before any step file is deleted:
     the groups Redis committed after it are lost with their steps, recorded first (the
@@ -192,6 +185,7 @@ def bounded_rewind(
     between resumes the same way: the file is rewritten with the same rows, the script is
     idempotent. Returns the run's timeline and, when this resume or one before it since the
     checkpoint rewound, the counts for the first step's metrics (None otherwise)."""
+    buffer, versions = ports.buffer, ports.versions
     before = buffer.timeline()
     beyond = buffer.committed_beyond(set(state.trained_group_ids))
     if beyond:
@@ -203,7 +197,7 @@ def bounded_rewind(
         print(f"rewinding to {start} (bounded mode, which cannot replay): " + _rewound(
             state.step, withdrawn, beyond
         ), flush=True)  # fmt: skip
-    buffer.recommit(state.trained_group_ids)
+    recommit_groups(ports, state.trained_group_ids)
     timeline = buffer.timeline()
     report = None
     if timeline.number > state.timeline:  # this resume rewound, or one since the checkpoint
@@ -253,7 +247,7 @@ def lost_rows(records: StepRecords, group_ids: list[str], checkpoint_step: int) 
     ]
 
 
-def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: str) -> None:
+def settle_resumed_commits(ports: LearnerPorts, state: TrainingState, start: str) -> None:
     """Fixed mode: square the run's Redis with what the loaded checkpoint says was trained,
     before a resume deletes anything (`start` names where the learner resumes from).
 
@@ -266,6 +260,7 @@ def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: s
     the checkpoint has that Redis still holds were trained and not yet committed (a learner
     killed between its checkpoint and the commit): they are committed now, not read back and
     dropped as too stale."""
+    buffer = ports.buffer
     beyond = buffer.committed_beyond(set(state.trained_group_ids))
     if beyond:
         batches = batches_of(beyond)
@@ -279,7 +274,23 @@ def settle_resumed_commits(buffer: RolloutSource, state: TrainingState, start: s
             f"after step {state.step} are replayed",
             flush=True,
         )
-    buffer.recommit(state.trained_group_ids)
+    recommit_groups(ports, state.trained_group_ids)
+
+
+def commit_groups(ports: LearnerPorts, deliveries: list[Delivery]) -> None:
+    """A step's commit after its checkpoint, in its two steps: the checkpoint made durable
+    where a resume reads it (`LearnerPorts.before_ack`), then the groups marked trained and
+    acked in one MULTI. From then on Redis never redelivers them, so a resume anywhere must
+    find a checkpoint at least this new: an upload that fails leaves them pending."""
+    ports.before_ack()
+    ports.buffer.commit(deliveries)
+
+
+def recommit_groups(ports: LearnerPorts, trained_group_ids: list[str]) -> None:
+    """A resume's commit of the loaded checkpoint's groups (one a killed learner did not get
+    to), after the same first step as `commit_groups`."""
+    ports.before_ack()
+    ports.buffer.recommit(trained_group_ids)
 
 
 _BATCH_OF_ID = re.compile(r"-b(\d+)-p\d+$")

@@ -90,6 +90,10 @@ class EvalPort(Protocol):
         ...
 
 
+def nothing_to_upload() -> None:
+    """A trial whose files stay on this node: its checkpoint is where a resume reads it."""
+
+
 @dataclass(frozen=True)
 class LearnerPorts:
     """What the learner reads from and writes to, besides files: the rollout stream, the
@@ -102,6 +106,10 @@ class LearnerPorts:
     versions: VersionPublisher
     weights: WeightWriter
     evals: EvalPort
+    # The commit's first step: make the newest checkpoint durable where a resume on another
+    # node reads it (the trial's bucket), before Redis lets go of the groups it covers
+    # (`learner.runtime.resume.commit_groups`).
+    before_ack: Callable[[], None] = nothing_to_upload
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Who syncs which trial files, and when: Storage, Every, UploadBeforeAck, SupervisorSync.
+"""Who syncs which trial files, and when: Storage, Every, the learner's upload before its ack
+(`LearnerPorts.before_ack`), SupervisorSync.
 
 The ordering guarantee (checkpoint in the bucket *before* Redis lets go of its groups) is what
 makes a resume on another node lossless, so it is checked against a real redis-server and a real
@@ -7,6 +8,7 @@ S3 endpoint, including the failure that must leave the groups pending.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,14 @@ from harness.storage.trial_storage import (
     ENV_SYNC_S,
     ENV_TRIAL,
     ENV_URI,
+    LEARNER_FILES,
     Every,
     Storage,
     SupervisorSync,
     TrialSync,
-    UploadBeforeAck,
 )
+from learner.runtime.resume import commit_groups
+from learner.runtime.task import LearnerPorts
 from tests.buffer.factories import RUN_ID, make_group
 from tests.buffer.run_state import is_trained
 from tests.s3 import S3Server
@@ -123,17 +127,26 @@ def test_every_is_due_once_per_interval() -> None:
     assert always.due() and always.due()
 
 
-# ---- UploadBeforeAck ----------------------------------------------------------------------------
+# ---- upload before ack (learner.runtime.resume.commit_groups) ---------------------------------
 
 
 def pending(client: redis.Redis) -> int:
     return int(client.xinfo_groups(KEYS.stream)[0]["pending"])
 
 
-def take_two(producer: RolloutProducer, buffer: RolloutConsumer | UploadBeforeAck) -> list:
+def take_two(producer: RolloutProducer, buffer: RolloutConsumer) -> list:
     for prompt in range(2):
         producer.push(make_group(prompt), batch_index=0)
     return buffer.take_batch(0, 2, consumer="learner", timeout_s=2)
+
+
+def uploading_ports(consumer: RolloutConsumer, sync: TrialSync) -> LearnerPorts:
+    """The learner's ports of a trial synced to a bucket, as `harness.trial.learner_main` builds
+    them: the commit's first step pushes the learner's files."""
+    unused = object()
+    return LearnerPorts(
+        consumer, unused, unused, unused, unused, before_ack=partial(sync.push, LEARNER_FILES)
+    )  # type: ignore[arg-type]
 
 
 def test_commit_uploads_the_checkpoint_then_acks(
@@ -147,13 +160,13 @@ def test_commit_uploads_the_checkpoint_then_acks(
     checkpoint that records them: a resume elsewhere then neither loses nor repeats them."""
     local = tmp_path / TRIAL
     storage = Storage(s3_uri, tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(consumer, TrialSync(storage, TRIAL, local))
-    deliveries = take_two(producer, learner_buffer)  # the wrapper passes everything else through
+    ports = uploading_ports(consumer, TrialSync(storage, TRIAL, local))
+    deliveries = take_two(producer, consumer)
     assert pending(client) == 2
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
     write(local, f"{METRICS_DIR}/part-000001.parquet", "metrics")
 
-    learner_buffer.commit(deliveries)
+    commit_groups(ports, deliveries)
 
     bucket = trial_tree(s3_uri)
     assert read_remote(bucket, f"{CHECKPOINTS_DIR}/latest.json") == b'{"step": 1}'
@@ -174,12 +187,12 @@ def test_failed_upload_leaves_the_groups_pending(
     Redis keeps the groups pending, to be redelivered to the learner that resumes."""
     local = tmp_path / TRIAL
     storage = Storage(s3_server.uri("no-such-bucket-xyz", "exp"), tmp_path / "scratch")
-    learner_buffer = UploadBeforeAck(consumer, TrialSync(storage, TRIAL, local))
+    ports = uploading_ports(consumer, TrialSync(storage, TRIAL, local))
     deliveries = take_two(producer, consumer)
     write(local, f"{CHECKPOINTS_DIR}/latest.json", '{"step": 1}')
 
     with pytest.raises(OSError, match="bucket"):
-        learner_buffer.commit(deliveries)
+        commit_groups(ports, deliveries)
 
     assert pending(client) == 2
     assert consumer.depth() == 2
