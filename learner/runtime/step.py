@@ -195,8 +195,7 @@ def _score(
     rows = torch.arange(ids.shape[0])[None, :]  # (1, B): one share of every row
     every_row = micro_batches(rows, 0, lengths, learner.micro_batch_tokens)
     with scoring(policy, models.reference, critic):  # eval mode + no_grad
-        routed = batch.routed_experts  # the generator's experts (R3), or None
-        with models.routing.capture_old(ids, attn, routed, every_row) as around:
+        with models.routing.capture_old(batch, every_row) as around:  # R3: generator's experts
             learner_lp, entropy = _no_grad_pass(  # (B, T) each
                 lambda i, a: policy_logprobs(policy, i, a, sampling, chunk),
                 ids,

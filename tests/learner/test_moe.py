@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -46,6 +47,14 @@ from tests.learner.tiny import VOCAB, random_groups, tiny_policy
 from tests.tiny_models import MOE_POLICY, tiny_config, tiny_model
 
 EXPERTS, TOP_K, LAYERS = MOE_POLICY.experts, MOE_POLICY.experts_per_token, MOE_POLICY.layers
+
+
+class Rows(NamedTuple):
+    """A step batch as routing reads it (`learner.runtime.moe.base.RoutedBatch`)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    routed_experts: torch.Tensor | None = None
 
 
 def tiny_moe(seed: int = 0) -> PreTrainedModel:
@@ -326,7 +335,7 @@ def test_dense_policy_has_no_moe_metrics_and_refuses_replay() -> None:
     routing = setup_routing(dense, "off")
     assert routing is NO_ROUTING
     parts = micro_batches(torch.arange(2)[None, :], 0, attn.sum(-1), None)
-    with routing.capture_old(ids, attn, None, parts) as around, around(parts[0]):
+    with routing.capture_old(Rows(ids, attn), parts) as around, around(parts[0]):
         dense(input_ids=ids, attention_mask=attn)
     with routing.replay(torch.arange(2)):
         dense(input_ids=ids, attention_mask=attn)
@@ -372,7 +381,7 @@ def test_moe_routing_holds_a_step_from_capture_to_metrics() -> None:
         routing.replay(torch.arange(2))
     parts = whole_batch(batch)
     for _step in range(2):
-        old_pass = routing.capture_old(ids, attn, None, parts)
+        old_pass = routing.capture_old(Rows(ids, attn), parts)
         with scoring(model), old_pass as around, around(parts[0]):
             model(input_ids=ids, attention_mask=attn)
         assert routing.step is not None and routing.step.old is not None

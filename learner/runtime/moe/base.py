@@ -33,6 +33,18 @@ def no_part_context(_part: MicroBatch) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+class RoutedBatch(Protocol):
+    """The step batch as routing reads it (`buffer.collate.RolloutBatch` is one): its tokens
+    [B, L], their mask, and the generator's experts (layers, B, L, k) or None."""
+
+    @property
+    def input_ids(self) -> Tensor: ...
+    @property
+    def attention_mask(self) -> Tensor: ...
+    @property
+    def routed_experts(self) -> Tensor | None: ...
+
+
 class Routing(Protocol):
     """The routing side of one learner step, in the order the step calls it.
 
@@ -47,14 +59,9 @@ class Routing(Protocol):
     """
 
     def capture_old(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        routed_experts: Tensor | None,
-        parts: list[MicroBatch],
+        self, batch: RoutedBatch, parts: list[MicroBatch]
     ) -> AbstractContextManager[PartContext]:
-        """Start a step on this batch [B, L] (`routed_experts`: the generator's experts
-        (layers, B, L, k), or None) and wrap its pi_old pass."""
+        """Start a step on `batch` [B, L] and wrap its pi_old pass."""
         ...
 
     def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
@@ -72,11 +79,7 @@ class NoRouting:
     """The `Routing` of a dense policy: no capture, no replay, no `moe/*` metrics."""
 
     def capture_old(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        routed_experts: Tensor | None,
-        parts: list[MicroBatch],
+        self, batch: RoutedBatch, parts: list[MicroBatch]
     ) -> AbstractContextManager[PartContext]:
         return contextlib.nullcontext(no_part_context)
 

@@ -15,7 +15,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import Tensor, nn
 
-from learner.runtime.moe.base import LogProbs, PartContext
+from learner.runtime.moe.base import LogProbs, PartContext, RoutedBatch
 from learner.runtime.moe.hooks import RoutingRecord, capture_routing, replay_experts, router_modules
 from learner.runtime.moe.logratio import LogRatioTally
 from learner.runtime.moe.metrics import predicting_positions
@@ -36,14 +36,12 @@ class MoeRouting:
         self.step: StepRouting | None = None
 
     def capture_old(
-        self,
-        input_ids: Tensor,
-        attention_mask: Tensor,
-        routed_experts: Tensor | None,
-        parts: list[MicroBatch],
+        self, batch: RoutedBatch, parts: list[MicroBatch]
     ) -> AbstractContextManager[PartContext]:
         self.step = None  # the previous step's record goes before this one's is made
-        self.step = StepRouting(self.policy, self.mode, input_ids, attention_mask, routed_experts)
+        self.step = StepRouting(
+            self.policy, self.mode, batch.input_ids, batch.attention_mask, batch.routed_experts
+        )
         return self.step.capture_old(parts)
 
     def replay(self, rows: Tensor, width: int | None = None) -> AbstractContextManager[None]:
