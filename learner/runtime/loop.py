@@ -86,7 +86,7 @@ def run_learner(
     taker = _batch_taker(task, ports, config, start)
     rewind_metrics = start.rewind.metrics() if start.rewind is not None else {}
     metrics: dict[str, float] = {}
-    if task.policy.replays_exactly and state.refused_slots:  # one recorded: fail at once
+    if state.refused_slots:  # a slot the checkpoint says can never fill: fail at once
         return _refused(state, metrics)
     checkpoint_s: float | None = None  # logged on the step after its checkpoint
     latest_eval: dict[str, float] = {}  # the newest recorded eval's metrics (`_record_step`)
