@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Container, Iterable
+from collections.abc import Collection, Container, Iterable
 from dataclasses import dataclass, field
 
 import redis
@@ -36,6 +36,7 @@ import redis
 from buffer.config import BufferConfig
 from buffer.connection import RunKeys
 from buffer.inbox import Delivery, Inbox, settle
+from buffer.intake import Check, IntakeRules, intake_check
 from buffer.outbox import group_digest
 from buffer.rewind import (
     BoundedRewind,
@@ -53,9 +54,6 @@ from buffer.timeline import Timeline, read_timeline
 log = logging.getLogger(__name__)
 
 __all__ = ["Check", "Delivery", "RolloutConsumer", "SlotRefusedError", "TakeResult"]
-
-Check = Callable[[Delivery], str | None]
-"""Why a delivered group must not be trained (it is dead-lettered with that reason), or None."""
 
 
 class SlotRefusedError(RuntimeError):
@@ -135,25 +133,25 @@ class RolloutConsumer:
         consumer: str,
         timeout_s: float,
         *,
-        accept: Check | None = None,
+        rules: IntakeRules | None = None,
         slots: Container[str] = (),
     ) -> list[Delivery]:
         """Fixed mode: exactly the `n_groups` distinct groups of `batch_index`, by prompt index.
 
-        `accept(delivery)` returns why a group must not be trained (it goes to the dead letter
-        with that reason) or None; it runs as groups arrive, before a batch is assembled or a
-        group counts as seen, so a refused group never takes a real group's place. When a
-        refused group is the copy the buffer admitted under its id and that id is in `slots`
-        (the ids the trial still needs), raises SlotRefusedError at once: nothing can fill
-        that slot. Calling it again for a batch not yet committed returns the same deliveries
-        (a retried step). Raises TimeoutError naming the batch and what arrived if it is not
-        complete in time.
+        A group `rules` (`buffer.intake`) refuse goes to the dead letter with the reason; they
+        are checked as groups arrive, before a batch is assembled or a group counts as seen, so
+        a refused group never takes a real group's place. When a refused group is the copy the
+        buffer admitted under its id and that id is in `slots` (the ids the trial still needs),
+        raises SlotRefusedError at once: nothing can fill that slot. Calling it again for a
+        batch not yet committed returns the same deliveries (a retried step). Raises
+        TimeoutError naming the batch and what arrived if it is not complete in time.
         """
         state = self._state(consumer)
         if batch_index in state.taken:
             return list(state.taken[batch_index])
         state.floor = max(state.floor, draw_batch(batch_index))
         self._drop_late(state)
+        accept = None if rules is None else intake_check(rules, draw_batch(batch_index))
         check = None if accept is None else self._recording_refusals(state, accept)
         deadline = time.monotonic() + timeout_s
         while len(state.stash.get(batch_index, {})) < n_groups:
@@ -193,19 +191,19 @@ class RolloutConsumer:
         consumer: str,
         timeout_s: float,
         *,
-        accept: Check | None = None,
+        rules: IntakeRules | None = None,
         timeline: Timeline | None = None,
     ) -> TakeResult:
         """Bounded mode: the next `n_groups` groups in arrival order with lag <= max_lag.
 
         Lag = learner_version - policy_version; staler groups are acked, counted in the run's
-        dropped_stale counter and reported in the result. Groups made from weights a rewind
-        withdrew (`timeline`, `buffer.timeline`) are dropped before `accept` sees them, counted
-        as lost_to_rewind and their tickets reissued (`buffer.rewind.reissue_withdrawn`), before
-        the take waits for more: their prompts may be the very work the generators need to make
-        the groups it waits for (a withdrawn ticket counts as issued, so the admission limit
-        can leave a generator nothing else to claim). On TimeoutError the groups already read
-        are kept, in order, for the next call.
+        dropped_stale counter and reported in the result; groups `rules` refuse are
+        dead-lettered. Groups made from weights a rewind withdrew (`timeline`) are dropped
+        before they are checked, counted as lost_to_rewind and their tickets reissued
+        (`buffer.rewind.reissue_withdrawn`), before the take waits for more: their prompts may
+        be the very work the generators need to make the groups it waits for (a withdrawn ticket
+        counts as issued, so the admission limit can leave a generator nothing else to claim).
+        On TimeoutError the groups already read are kept, in order, for the next call.
         """
         state = self._state(consumer)
         chosen: list[Delivery] = []
@@ -213,6 +211,7 @@ class RolloutConsumer:
         withdrawn: list[Delivery] = []
         settled = [0, 0]  # how many of `stale`, `withdrawn` were settled already
         deadline = time.monotonic() + timeout_s
+        accept = None if rules is None else intake_check(rules, learner_version)
 
         def settle_dropped() -> None:
             """Drop the stale groups and reissue the withdrawn ones read since the last call."""

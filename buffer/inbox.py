@@ -10,7 +10,7 @@ Reading order, each step only when the previous one found nothing:
 
 Every entry is decoded and checked; a malformed one goes to the dead-letter stream with its reason
 and is acked, and so does a group the consumer's `accept` check refuses (the learner's intake,
-`learner.runtime.intake`). Only then is a group held: a group already trained (the `trained` set)
+`buffer.intake`). Only then is a group held: a group already trained (the `trained` set)
 or already held under another entry id is a duplicate: acked, counted, never delivered. A refused
 group is never held, so it cannot make the real group of its id look like a duplicate.
 "Settling" an entry = XACK + XDEL in one MULTI, so the stream holds only unsettled groups and its

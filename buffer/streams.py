@@ -18,11 +18,11 @@ Learner loop::
 
     buffer = RolloutConsumer(client, run_id, cfg.buffer)     # creates the consumer group
     deliveries = buffer.take_batch(step, prompts_per_step, consumer, timeout_s,      # fixed
-                                   accept=check, slots=trial_slots)
+                                   rules=rules, slots=trial_slots)
     deliveries = buffer.take(prompts_per_step, step, max_lag, consumer, timeout_s,
-                             accept=check).deliveries                                # bounded
-    # check(delivery) -> why not to train it, or None (learner.runtime.intake): a refused group
-    # goes to the dead letter before it can take a slot or count as seen
+                             rules=rules).deliveries                                 # bounded
+    # rules: what a group must be to be trained (buffer.intake.IntakeRules, data): a refused
+    # group goes to the dead letter before it can take a slot or count as seen
     batch = collate([d.group for d in deliveries], pad_id)     # buffer.collate
     ... train ...
     versions.publish(step + 1, weights.write(step + 1, model))    # generators may use it now
@@ -42,8 +42,9 @@ from collections.abc import Collection, Container, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from buffer.connection import BufferConnectionError, RunKeys, connect, redact
-from buffer.consumer import Check, RolloutConsumer, SlotRefusedError, TakeResult
+from buffer.consumer import RolloutConsumer, SlotRefusedError, TakeResult
 from buffer.inbox import Delivery
+from buffer.intake import Check, IntakeRules
 from buffer.outbox import BufferFullError
 from buffer.producer import RolloutProducer
 from buffer.record_types import RecordError
@@ -80,6 +81,7 @@ __all__ = [
     "BufferFullError",
     "Check",
     "Delivery",
+    "IntakeRules",
     "RecordError",
     "RolloutConsumer",
     "RolloutGroup",
@@ -147,10 +149,10 @@ class RolloutSource(Protocol):
         consumer: str,
         timeout_s: float,
         *,
-        accept: Check | None = None,
+        rules: IntakeRules | None = None,
         slots: Container[str] = (),
     ) -> list[Delivery]:
-        """Fixed staleness: exactly the groups of batch `batch_index` that `accept` passes;
+        """Fixed staleness: exactly the groups of batch `batch_index` that `rules` pass;
         SlotRefusedError when a group whose id is in `slots` was refused and cannot come again."""
         ...
 
@@ -162,7 +164,7 @@ class RolloutSource(Protocol):
         consumer: str,
         timeout_s: float,
         *,
-        accept: Check | None = None,
+        rules: IntakeRules | None = None,
         timeline: Timeline | None = None,
     ) -> TakeResult:
         """Bounded staleness: the next groups in arrival order with lag <= max_lag (groups made

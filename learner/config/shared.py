@@ -90,7 +90,7 @@ class LearnerConfig(BaseModel):
     reward_range: tuple[float, float] = Field(
         default=(-1e4, 1e4),
         description="[low, high] a group's rewards must lie in: a group with a reward outside it "
-        "is refused at intake and dead-lettered, never trained (learner.runtime.intake). The "
+        "is refused at intake and dead-lettered, never trained (buffer.intake). The "
         "default admits every shipped verifier (rewards 0 and 1) and any plausible reward "
         "function, and stops a reward such as 1e30 that would swamp the batch's advantages.",
     )

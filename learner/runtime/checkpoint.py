@@ -93,7 +93,7 @@ class TrainingState:
     trained_group_ids: list[str] = field(default_factory=list)
     grad_norm_history: list[float] = field(default_factory=list)
     grad_spikes: int = 0
-    # Fixed mode: group id -> why its slot can never be filled (learner.runtime.intake); a
+    # Fixed mode: group id -> why its slot can never be filled (buffer.intake); a
     # resumed learner fails with that line at once instead of waiting for the group.
     refused_slots: dict[str, str] = field(default_factory=dict)
     # Bounded mode: the run's timeline number (`buffer.timeline`) when this state was saved; a

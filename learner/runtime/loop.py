@@ -35,12 +35,12 @@ import numpy as np
 import torch
 
 from buffer.collate import collate
+from buffer.intake import model_limits
 from buffer.streams import SlotRefusedError
 from contract import metrics as M
 from contract.trial import TrialStatus
 from learner.runtime.checkpoint import TrainingState
 from learner.runtime.distributed import SINGLE, DistContext, broadcast_batch
-from learner.runtime.intake import model_limits
 from learner.runtime.models import build_step_models, wrap_ddp
 from learner.runtime.published import PublishedWeights
 from learner.runtime.records import LoggedRollouts, StepRecords, rollouts_to_log

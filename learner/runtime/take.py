@@ -1,8 +1,9 @@
 """Taking a step's batch (rank 0): the groups it trains, under the trial's staleness rule, each
 checked at intake, none trained twice.
 
-Every group is checked (`learner.runtime.intake`) as it is read, before it can take a slot: a
-refused one goes to the dead letter and the real group still fills its slot. Fixed mode raises
+The buffer checks every group against the rules the taker hands it (`buffer.intake`) as it is
+read, before it can take a slot: a refused one goes to the dead letter and the real group still
+fills its slot. Fixed mode raises
 `SlotRefusedError` when a slot the trial needs can never be filled. An arm with dynamic sampling
 reads extra rounds of the batch (`learner.runtime.dynamic_sampling`). A redelivered copy of a
 group already consumed (trained, or read and filtered) is acked, never trained again: the taker
@@ -17,10 +18,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from buffer.streams import Check, Delivery, RolloutSource, draw_key
+from buffer.intake import IntakeRules, ModelLimits, TrialSlots
+from buffer.streams import Delivery, RolloutSource, draw_key
 from buffer.timeline import Timeline
 from learner.runtime.dynamic_sampling import take_dynamic
-from learner.runtime.intake import IntakeRules, ModelLimits, TrialSlots, intake_check
 from learner.runtime.task import LearnerTask
 
 
@@ -87,8 +88,7 @@ class BatchTaker:
         """The groups of step `step`, skipping ones already consumed, and the groups dropped as
         too stale meanwhile (bounded mode; already acked by the buffer), stamped with the time
         they were handed over."""
-        check = intake_check(self.rules, learner_version=step)
-        taken = self._take_step(step, check)
+        taken = self._take_step(step)
         # Arrival order must not matter in fixed mode: train in prompt order (round 0 first).
         trained = sorted(taken.trained, key=lambda d: (d.group.prompt_index, d.group.group_id))
         return replace(taken, trained=trained, taken_at=time.time())
@@ -99,7 +99,7 @@ class BatchTaker:
         self.trained.update(d.group.group_id for d in taken.consumed)
         return sorted(self.trained)
 
-    def _take_fixed(self, step: int, check: Check) -> Taken:
+    def _take_fixed(self, step: int) -> Taken:
         n, task = self.rules.prompts_per_step, self.task
 
         def take_round(round_index: int) -> list[Delivery]:
@@ -108,7 +108,7 @@ class BatchTaker:
                 n,
                 task.consumer,
                 task.take_timeout_s,
-                accept=check,
+                rules=self.rules,
                 slots=self.slots,
             )
             return self._without_trained(got, step, fixed=True)
@@ -124,7 +124,7 @@ class BatchTaker:
         )
         return Taken(selection.trained, [], selection.consumed, selection.metrics())
 
-    def _take_bounded(self, step: int, check: Check) -> Taken:
+    def _take_bounded(self, step: int) -> Taken:
         task = self.task
         taken = self.buffer.take(
             self.rules.prompts_per_step,
@@ -132,7 +132,7 @@ class BatchTaker:
             task.max_lag,
             task.consumer,
             task.take_timeout_s,
-            accept=check,
+            rules=self.rules,
             timeline=self.timeline,
         )
         fresh = self._without_trained(taken.deliveries, step, fixed=False)

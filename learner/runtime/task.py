@@ -38,7 +38,7 @@ class LearnerTask:
     # (learner.runtime.forward).
     sampling: SamplingSettings = PLAIN
     # Prompt index -> the prompt tokens its generator must have used; None: intake checks the
-    # prompt index alone (learner.runtime.intake).
+    # prompt index alone (buffer.intake).
     prompt_ids: Callable[[int], Sequence[int]] | None = None
     # Token ids -> text, for the rollout log's text columns (learner.runtime.records); None:
     # they are left null. The harness supplies its tokenizer's, the learner imports none.

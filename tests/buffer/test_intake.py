@@ -1,4 +1,4 @@
-"""What the learner refuses to train (learner.runtime.intake), on a real redis-server: every group
+"""What the learner refuses to train (buffer.intake), on a real redis-server: every group
 is checked before it can take a batch slot or count as seen, so a refused copy never displaces
 the real group, and a slot whose admitted copy is refused ends the take at once."""
 
@@ -13,20 +13,19 @@ import redis
 
 from buffer.connection import RunKeys
 from buffer.consumer import RolloutConsumer, SlotRefusedError
+from buffer.intake import (
+    IntakeRules,
+    ModelLimits,
+    TrialSlots,
+    model_problem,
+    refusal,
+)
 from buffer.producer import RolloutProducer
 from buffer.rollout_group import RolloutGroup
 from buffer.schema import make_group_id
 from buffer.streams import Delivery
 from buffer.telemetry import DUPLICATE
 from learner.config import LearnerConfig
-from learner.runtime.intake import (
-    IntakeRules,
-    ModelLimits,
-    TrialSlots,
-    intake_check,
-    model_problem,
-    refusal,
-)
 from tests.buffer.factories import RUN_ID, make_group
 from tests.buffer.run_state import counter, dead_letter_count, xadd_unchecked
 
@@ -156,8 +155,7 @@ def test_a_refused_copy_read_first_never_displaces_the_real_group(
     for group in real.values():
         producer.push(group, batch_index=1)
     rules = _rules(prompt_ids=PROMPTS.__getitem__)
-    check = intake_check(rules, learner_version=0)
-    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, rules=rules, slots=SLOTS)
     assert [d.group for d in got] == [real[2], real[3]]
     [reason] = _dead_letter_reasons(client)
     assert reason.startswith("group 's0-b1-p2' (batch 1): ") and why in reason
@@ -176,8 +174,7 @@ def test_a_group_with_another_id_never_displaces_the_real_one(
     producer.push(forged, batch_index=1)
     for prompt in (2, 3):
         producer.push(make_group(prompt, batch_index=1, policy_version=0), batch_index=1)
-    check = intake_check(_rules(), learner_version=0)
-    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=2, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=2, rules=_rules(), slots=SLOTS)
     assert [d.group.group_id for d in got] == [make_group_id(0, 1, 2), make_group_id(0, 1, 3)]
     assert all(d.group.policy_version == 0 for d in got)
     assert dead_letter_count(client) == 1
@@ -197,13 +194,12 @@ def test_a_refused_admitted_copy_ends_the_take_of_its_batch_at_once(
     producer.push(make_group(2, batch_index=1), batch_index=1)
     producer.push(_samples(make_group(3, batch_index=1), 1), batch_index=1)
     assert producer.push(make_group(3, batch_index=1), batch_index=1) == ""  # a conflict now
-    check = intake_check(_rules(), learner_version=0)
-    got = consumer.take_batch(0, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(0, PER_STEP, "learner", timeout_s=5, rules=_rules(), slots=SLOTS)
     assert [d.group.group_id for d in got] == ["s0-b0-p0", "s0-b0-p1"]
     started = time.monotonic()
     for _ in range(2):
         with pytest.raises(SlotRefusedError) as refused:
-            consumer.take_batch(1, PER_STEP, "learner", timeout_s=60, accept=check, slots=SLOTS)
+            consumer.take_batch(1, PER_STEP, "learner", timeout_s=60, rules=_rules(), slots=SLOTS)
         assert refused.value.group_id == "s0-b1-p3"
         message = str(refused.value)
         assert message.startswith("group 's0-b1-p3' (batch 1): 1 samples, but generation.")
@@ -226,8 +222,7 @@ def test_a_well_formed_forgery_read_first_fills_the_slot(
     xadd_unchecked(client, forged, batch_index=1)
     producer.push(real, batch_index=1)
     producer.push(make_group(3, batch_index=1), batch_index=1)
-    check = intake_check(_rules(), learner_version=0)
-    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, accept=check, slots=SLOTS)
+    got = consumer.take_batch(1, PER_STEP, "learner", timeout_s=5, rules=_rules(), slots=SLOTS)
     assert got[0].group == forged
     assert counter(client, DUPLICATE) == 1 and dead_letter_count(client) == 0
 
@@ -237,8 +232,7 @@ def test_bounded_take_refuses_a_group_newer_than_the_learner(
 ) -> None:
     producer.push(make_group(0, batch_index=0, policy_version=3), batch_index=0)
     producer.push(make_group(1, batch_index=0, policy_version=0), batch_index=0)
-    check = intake_check(_rules(mode="bounded"), learner_version=0)
-    taken = consumer.take(1, 0, 1, "learner", timeout_s=5, accept=check)
+    taken = consumer.take(1, 0, 1, "learner", timeout_s=5, rules=_rules(mode="bounded"))
     assert [d.group.group_id for d in taken.deliveries] == ["s0-b0-p1"]
     [reason] = _dead_letter_reasons(client)
     assert "policy_version 3 is newer than the learner's version 0" in reason

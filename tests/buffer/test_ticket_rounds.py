@@ -10,6 +10,7 @@ import redis
 
 from buffer.consumer import RolloutConsumer
 from buffer.inbox import Delivery
+from buffer.intake import IntakeRules, ModelLimits, TrialSlots, identity_problem
 from buffer.producer import RolloutProducer
 from buffer.schema import make_group_id
 from buffer.tickets import (
@@ -25,7 +26,6 @@ from buffer.tickets import (
     ticket_round,
 )
 from learner.config import make_arm
-from learner.runtime.intake import IntakeRules, ModelLimits, TrialSlots, identity_problem
 from tests.buffer.factories import RUN_ID, fast_config, make_group
 
 P = 4

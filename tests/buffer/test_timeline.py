@@ -16,6 +16,7 @@ import redis
 
 from buffer.connection import RunKeys, RunStateLostError
 from buffer.consumer import RolloutConsumer
+from buffer.intake import IntakeRules, ModelLimits
 from buffer.producer import RolloutProducer
 from buffer.rewind import REWIND_OWNER, rewind_bounded
 from buffer.telemetry import DEAD_LETTER, LOST_TO_REWIND
@@ -116,10 +117,12 @@ def test_the_take_drops_groups_made_from_withdrawn_weights(
         group = make_group(prompt, policy_version=version)
         producer.push_many([group], batch_index=0, tickets=[prompt], timeline=tag)
 
-    def newer_than_learner(delivery):  # what the intake check says of any v2 group at v1
-        return "newer" if delivery.policy_version > 1 else None
-
-    taken = consumer.take(1, 1, 4, "learner", 5, accept=newer_than_learner, timeline=timeline)
+    # the intake rules refuse any v2 group at v1 as newer than the learner
+    rules = IntakeRules(
+        mode="bounded", lag=4, seed=0, prompts_per_step=4, group_size=2, max_new_tokens=8,
+        reward_range=(-1e4, 1e4), limits=ModelLimits(vocab_size=100_000),
+    )  # fmt: skip
+    taken = consumer.take(1, 1, 4, "learner", 5, rules=rules, timeline=timeline)
     assert [d.group.prompt_index for d in taken.withdrawn] == [0]
     assert [d.group.prompt_index for d in taken.deliveries] == [1]
     assert counter(client, LOST_TO_REWIND) == 1 and counter(client, DEAD_LETTER) == 0

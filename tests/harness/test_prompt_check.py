@@ -1,6 +1,6 @@
 """The learner checks each group's prompt tokens against its trial's prompt stream.
 
-`learner_task` gives intake (`learner.runtime.intake.prompt_problem`) the tokens a generator of
+`learner_task` gives intake (`buffer.intake.prompt_problem`) the tokens a generator of
 the trial sends for each prompt index: the training stream of the trial's seed, rendered and
 encoded as `generator_main.GroupMaker` does. Before, `LearnerTask.prompt_ids` was never set, so
 a group carrying another prompt's tokens under the right index, id and version was trained.
@@ -13,13 +13,13 @@ import dataclasses
 import pytest
 
 from buffer.inbox import Delivery
+from buffer.intake import IntakeRules, ModelLimits, refusal
 from buffer.schema import make_group_id
 from contract.layout import TrialPaths
 from contract.trial import TrialSpec
 from harness.config import validate_config
 from harness.trial.learner_main import learner_task
 from harness.trial.rollout_groups import GroupMaker
-from learner.runtime.intake import IntakeRules, ModelLimits, refusal
 from learner.runtime.loop import LearnerTask
 from tests.learner.tiny import random_groups
 from tests.tiny_models import CHAR_DENSE, save_tiny_model_dir

@@ -1,6 +1,6 @@
 """The learner loop on a real redis-server: forged and poison groups go to the dead letter with
 their reasons before they can take a slot, the real groups are trained, and a batch whose only
-group was refused fails the trial in one line (learner.runtime.intake)."""
+group was refused fails the trial in one line (buffer.intake)."""
 
 from __future__ import annotations
 

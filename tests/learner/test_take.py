@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from buffer.intake import ModelLimits
 from buffer.streams import Delivery, TakeResult
 from learner.config import LearnerConfig, make_arm
-from learner.runtime.intake import ModelLimits
 from learner.runtime.take import BatchTaker
 from learner.runtime.task import LearnerTask
 from tests.buffer.factories import make_group
@@ -23,11 +23,11 @@ class ScriptedSource:
     def __init__(self, per_step: dict[int, list[Delivery]]) -> None:
         self.per_step, self.acked = per_step, []
 
-    def take_batch(self, batch_index, n_groups, consumer, timeout_s, *, accept=None, slots=()):
+    def take_batch(self, batch_index, n_groups, consumer, timeout_s, *, rules=None, slots=()):
         return list(self.per_step[batch_index])
 
     def take(
-        self, n_groups, learner_version, max_lag, consumer, timeout_s, *, accept=None, timeline=None
+        self, n_groups, learner_version, max_lag, consumer, timeout_s, *, rules=None, timeline=None
     ):
         return TakeResult(list(self.per_step[learner_version]))
 

@@ -1,5 +1,9 @@
 """What the learner trains: every group is checked completely before it can fill a batch slot.
 
+The rules are data (`IntakeRules`, built by the learner from its task and model): the learner
+hands them to the buffer's take (`RolloutConsumer.take_batch` / `take`), which runs `refusal` on
+each group as it is read, so no check travels as a callback.
+
 The record's own invariants are checked when a message is decoded (`buffer.record_checks`,
 `buffer.rollout_group.check_group`: one behaviour logprob per response token, routed experts for
 every position, token ids >= 0, finite logprobs and rewards, known finish reasons); a message
@@ -17,10 +21,10 @@ naming the group, its batch and the setting it breaks:
 - the prompt: when the trial can render its prompts (`LearnerTask.prompt_ids`), the prompt tokens
   are exactly those of its prompt index; otherwise only the index is checked.
 
-The check is the `accept` of `RolloutSource.take_batch` / `take`: it runs on each group as it is
-read, before the group is held, stashed for a batch or recorded as seen for de-duplication. A
-refused group goes to the dead-letter stream with its reason and takes nothing with it: the real
-group of that id, read before or after it, is still accepted and trained.
+The buffer runs the check on each group as it is read, before the group is held, stashed for a
+batch or recorded as seen for de-duplication. A refused group goes to the dead-letter stream with
+its reason and takes nothing with it: the real group of that id, read before or after it, is
+still accepted and trained.
 
 What protects against a forged group, and what does not:
 - A copy that fails any check (malformed, out of range, another version, prompt or id than its
@@ -30,7 +34,7 @@ What protects against a forged group, and what does not:
   pushed through the buffer before the generator's keeps the real group out of the stream; if
   that copy is refused, its slot can never be filled. The same holds when the generator itself
   made a group that is refused: fixed mode makes the same group on every retry. Fixed mode then
-  fails the trial at once, in one line naming the group (`buffer.streams.SlotRefusedError`),
+  fails the trial at once, in one line naming the group (`buffer.consumer.SlotRefusedError`),
   instead of waiting out the take timeout, and the refusal is kept in the checkpoint
   (`TrainingState.refused_slots`), so a resumed learner fails the same way at once. Bounded mode
   has no slots: a refused group is not trained and the take goes on with the next group (no
@@ -52,12 +56,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from buffer.inbox import Delivery
 from buffer.rollout_group import RolloutGroup
 from buffer.schema import make_group_id
 from buffer.staleness import StalenessPolicy, staleness_policy
-from buffer.streams import Check, Delivery
 from buffer.tickets import draw_batch, draw_round, round_tickets, ticket_batch, ticket_round
 from contract.trial import StalenessMode
+
+Check = Callable[[Delivery], str | None]
+"""Why a delivered group must not be trained (it is dead-lettered with that reason), or None."""
 
 
 @dataclass(frozen=True)
