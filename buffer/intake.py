@@ -53,6 +53,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -99,9 +100,10 @@ class IntakeRules:
     extra_rounds: int = 0  # dynamic sampling: the arm's dynamic_sampling_rounds
     sync_every: int = 1  # staleness.sync_every: fixed mode's versions are its multiples
 
-    @property
+    @cached_property
     def policy(self) -> StalenessPolicy:
-        """The trial's staleness rule, which says what versions a group may carry."""
+        """The trial's staleness rule, which says what versions a group may carry (built once:
+        every group read is checked against it)."""
         return staleness_policy(self.mode, self.lag, self.sync_every)
 
 
@@ -124,7 +126,7 @@ def refusal(delivery: Delivery, rules: IntakeRules, learner_version: int) -> str
 
 
 def intake_check(rules: IntakeRules, learner_version: int) -> Check:
-    """`refusal` bound to one take, as `take_batch(accept=...)` and `take(accept=...)` call it."""
+    """`refusal` bound to one take: the check the buffer's take runs on each group it reads."""
 
     def check(delivery: Delivery) -> str | None:
         return refusal(delivery, rules, learner_version)

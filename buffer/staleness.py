@@ -20,16 +20,18 @@ name, so a third rule is one more class here.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, TypeVar
+from typing import ClassVar, Literal, TypeVar
 
 import numpy as np
 
 from buffer.rollout_group import RolloutGroup
 from buffer.tickets import admission_limit, fixed_policy_version, synced_version
-from contract.regime import staleness_policy as policy_words
+from contract.regime import regime_words
 from contract.trial import StalenessMode
 
 Versions = TypeVar("Versions", int, np.ndarray)
+RuleOption = Literal["partial_rollouts", "dynamic_sampling_rounds"]
+"""The options a rule may refuse (`StalenessPolicy.refusal`)."""
 
 
 def group_lag(learner_version: int, policy_version: Versions) -> Versions:
@@ -82,10 +84,10 @@ class StalenessPolicy(ABC):
 
     def words(self, partial_rollouts: bool = False) -> str:
         """The rule as the report's `policy` column says it (`contract.regime`)."""
-        return policy_words(self.mode, self.lag, self.sync_every, partial_rollouts)
+        return regime_words(self.mode, self.lag, self.sync_every, partial_rollouts)
 
     @classmethod
-    def refusal(cls, option: str, where: str) -> str | None:
+    def refusal(cls, option: RuleOption, where: str) -> str | None:
         """Why this rule refuses `option` ("partial_rollouts" or "dynamic_sampling_rounds"),
         set at `where`, in one line naming the field; None when it admits it."""
         if option == "partial_rollouts" and not cls.partial_rollouts:

@@ -31,11 +31,11 @@ class TrialRegime(BaseModel):
     )
 
     def words(self) -> str:
-        """The regime as the report's `policy` column says it (`staleness_policy`)."""
-        return staleness_policy(self.mode, self.lag, self.sync_every, self.partial_rollouts)
+        """The regime as the report's `policy` column says it (`regime_words`)."""
+        return regime_words(self.mode, self.lag, self.sync_every, self.partial_rollouts)
 
 
-def staleness_policy(mode: str, lag: int, sync_every: int, partial: bool = False) -> str:
+def regime_words(mode: str, lag: int, sync_every: int, partial: bool = False) -> str:
     """The staleness policy of a trial in words: its mode and lag (admission control and, in
     bounded mode, dropping), partial rollouts (in-flight responses continued on new weights),
     and the weight-sync interval when generators sync less often."""

@@ -3,11 +3,11 @@ checked at intake, none trained twice.
 
 The buffer checks every group against the rules the taker hands it (`buffer.intake`) as it is
 read, before it can take a slot: a refused one goes to the dead letter and the real group still
-fills its slot. Fixed mode raises
-`SlotRefusedError` when a slot the trial needs can never be filled. An arm with dynamic sampling
-reads extra rounds of the batch (`learner.runtime.dynamic_sampling`). A redelivered copy of a
-group already consumed (trained, or read and filtered) is acked, never trained again: the taker
-keeps the consumed ids, seeded with the checkpoint's, and hands them to the next checkpoint.
+fills its slot. Fixed mode raises `SlotRefusedError` when a slot the trial needs can never be
+filled. An arm with dynamic sampling reads extra rounds of the batch
+(`learner.runtime.dynamic_sampling`). A redelivered copy of a group already consumed (trained,
+or read and filtered) is acked, never trained again: the taker keeps the consumed ids, seeded
+with the checkpoint's, and hands them to the next checkpoint.
 """
 
 from __future__ import annotations
